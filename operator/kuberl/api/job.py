@@ -1,0 +1,509 @@
+"""The RLTrainingJob model: the single source of truth for spec, status, CRD schema and validation.
+
+Imports pydantic only (no torch, no ray, no gymnasium): the operator, the CLI and the learner all
+parse a job with these classes, and `kuberl crd` generates the CRD's openAPIV3Schema from them.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kuberl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLTrainingJob"
+PLURAL = "rltrainingjobs"
+SINGULAR = "rltrainingjob"
+SHORT_NAMES = ["rltj"]
+
+
+class _Model(BaseModel):
+    """Base: camelCase in YAML, snake_case in Python, unknown fields rejected (they are typos)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        use_enum_values=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithms and their hyperparameters
+# --------------------------------------------------------------------------------------------
+
+
+class AlgorithmName(str, enum.Enum):
+    PPO = "PPO"
+    DQN = "DQN"
+    BDQ = "BDQ"
+    QLEARNING = "QLearning"
+
+
+#: What each algorithm can act in. The semantic check compares this with the env's action space.
+ACTION_SPACES_SUPPORTED: dict[AlgorithmName, tuple[str, ...]] = {
+    AlgorithmName.PPO: ("Discrete", "Box", "MultiDiscrete"),
+    AlgorithmName.DQN: ("Discrete",),
+    AlgorithmName.BDQ: ("MultiDiscrete", "Discrete"),
+    AlgorithmName.QLEARNING: ("Discrete",),
+}
+
+
+class NetworkSpec(_Model):
+    hidden_sizes: list[int] = Field(
+        default=[64, 64],
+        min_length=1,
+        max_length=8,
+        description="Widths of the hidden layers of the MLP torso, first to last.",
+    )
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="Hidden-layer activation.")
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        for width in v:
+            if not 1 <= width <= 4096:
+                raise ValueError(f"every hidden size must be between 1 and 4096, got {width}")
+        return v
+
+
+class PPOConfig(_Model):
+    """Proximal Policy Optimization (clipped objective, GAE). Defaults solve CartPole-v1."""
+
+    learning_rate: float = Field(default=2.5e-3, gt=0, le=1, description="Adam learning rate.")
+    anneal_learning_rate: bool = Field(
+        default=True, description="Linearly anneal the learning rate to 0 over the env-step budget."
+    )
+    rollout_steps: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Env steps each environment copy collects per iteration (batch = this x all envs).",
+    )
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
+    clip_coef: float = Field(default=0.2, gt=0, le=1, description="PPO ratio clip epsilon.")
+    clip_value_loss: bool = Field(default=False, description="Clip the value loss like the policy ratio.")
+    value_coef: float = Field(default=0.5, ge=0, description="Weight of the value loss.")
+    entropy_coef: float = Field(default=0.0, ge=0, description="Weight of the entropy bonus.")
+    epochs: int = Field(default=4, ge=1, le=100, description="Optimisation epochs per batch.")
+    minibatches: int = Field(default=4, ge=1, le=4096, description="Minibatches per epoch.")
+    normalize_advantages: bool = Field(default=True, description="Normalise advantages per minibatch.")
+    max_grad_norm: float = Field(default=0.5, gt=0, description="Global gradient-norm clip.")
+    target_kl: float | None = Field(
+        default=None, gt=0, description="Stop an update's epochs early when approx KL exceeds this."
+    )
+    network: NetworkSpec = Field(default_factory=NetworkSpec, description="Actor and critic MLP shape.")
+
+
+class DQNConfig(_Model):
+    """Deep Q-learning: double DQN, dueling head, target network, n-step returns. Defaults solve CartPole-v1."""
+
+    learning_rate: float = Field(default=5e-4, gt=0, le=1, description="Adam learning rate.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    buffer_size: int = Field(
+        default=100_000, ge=64, le=50_000_000, description="Replay buffer capacity in transitions."
+    )
+    batch_size: int = Field(default=128, ge=1, le=65_536, description="Transitions per gradient update.")
+    learning_starts: int = Field(
+        default=1_000, ge=0, description="Env steps collected before the first gradient update."
+    )
+    train_frequency: int = Field(
+        default=4, ge=1, description="Env steps (summed over all envs) per gradient update."
+    )
+    gradient_steps: int = Field(default=1, ge=1, le=1000, description="Gradient updates per train call.")
+    double_q: bool = Field(default=True, description="Double DQN: online net picks, target net evaluates.")
+    dueling: bool = Field(default=True, description="Dueling head: V(s) + A(s,a) - mean_a A(s,a).")
+    n_step: int = Field(default=3, ge=1, le=100, description="n-step return length.")
+    target_update: Literal["hard", "polyak"] = Field(
+        default="polyak", description="Copy the online net every targetUpdateInterval updates, or blend by tau."
+    )
+    target_update_interval: int = Field(
+        default=500, ge=1, description="Gradient updates between hard target copies."
+    )
+    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak coefficient for soft target updates.")
+    exploration_initial: float = Field(default=1.0, ge=0, le=1, description="Initial epsilon.")
+    exploration_final: float = Field(default=0.02, ge=0, le=1, description="Final epsilon.")
+    exploration_fraction: float = Field(
+        default=0.1, gt=0, le=1, description="Fraction of the env-step budget over which epsilon decays."
+    )
+    exploration_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Env steps over which epsilon decays; overrides explorationFraction when set.",
+    )
+    max_grad_norm: float = Field(default=10.0, gt=0, description="Global gradient-norm clip.")
+    loss: Literal["huber", "mse"] = Field(default="huber", description="TD loss.")
+    network: NetworkSpec = Field(
+        default_factory=lambda: NetworkSpec(hidden_sizes=[128, 128], activation="relu"),
+        description="Q-network MLP shape.",
+    )
+
+
+class BDQConfig(DQNConfig):
+    """Branching Dueling Q-Network: one advantage branch per action dimension over a shared trunk."""
+
+    branch_hidden_size: int = Field(
+        default=64, ge=1, le=4096, description="Hidden width of each advantage branch and the value head."
+    )
+    target_aggregation: Literal["mean", "max", "independent"] = Field(
+        default="mean",
+        description="How branch targets are formed: the mean over branches of the target Q (BDQ paper "
+        "default), the max, or each branch on its own.",
+    )
+
+
+class QLearningConfig(_Model):
+    """Tabular Q-learning over a discretised observation."""
+
+    learning_rate: float = Field(default=0.1, gt=0, le=1, description="Step size alpha.")
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    bins: list[int] = Field(
+        default=[],
+        description="Bins per observation dimension for a Box observation (one entry per dimension, or "
+        "one entry applied to all); ignored for Discrete observations.",
+    )
+    low: list[float] = Field(default=[], description="Lower clip per dimension (defaults to the space's low).")
+    high: list[float] = Field(
+        default=[], description="Upper clip per dimension (defaults to the space's high)."
+    )
+    exploration_initial: float = Field(default=1.0, ge=0, le=1, description="Initial epsilon.")
+    exploration_final: float = Field(default=0.05, ge=0, le=1, description="Final epsilon.")
+    exploration_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="Fraction of the budget over which epsilon decays."
+    )
+
+    @field_validator("bins")
+    @classmethod
+    def _bins_positive(cls, v: list[int]) -> list[int]:
+        for b in v:
+            if not 1 <= b <= 1000:
+                raise ValueError(f"every bin count must be between 1 and 1000, got {b}")
+        return v
+
+
+class AlgorithmSpec(_Model):
+    name: AlgorithmName = Field(description="Learning algorithm.")
+    ppo: PPOConfig = Field(default_factory=PPOConfig, description="PPO hyperparameters (used when name=PPO).")
+    dqn: DQNConfig = Field(default_factory=DQNConfig, description="DQN hyperparameters (used when name=DQN).")
+    bdq: BDQConfig = Field(default_factory=BDQConfig, description="BDQ hyperparameters (used when name=BDQ).")
+    q_learning: QLearningConfig = Field(
+        default_factory=QLearningConfig, description="Tabular Q-learning hyperparameters (name=QLearning)."
+    )
+
+    def hyperparameters(self) -> PPOConfig | DQNConfig | BDQConfig | QLearningConfig:
+        return {
+            AlgorithmName.PPO: self.ppo,
+            AlgorithmName.DQN: self.dqn,
+            AlgorithmName.BDQ: self.bdq,
+            AlgorithmName.QLEARNING: self.q_learning,
+        }[self.name]
+
+
+# --------------------------------------------------------------------------------------------
+# Environment, workers, learner, head
+# --------------------------------------------------------------------------------------------
+
+
+class EnvironmentSpec(_Model):
+    id: str = Field(
+        min_length=1,
+        max_length=253,
+        description="A gymnasium id (CartPole-v1), a KubeRL environment (kuberl/TicTacToe-v0, "
+        "kuberl/Autoscaling-v0, kuberl/AutoscalingMulti-v0) or a user class as module:Class.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the environment constructor.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    max_episode_steps: int | None = Field(
+        default=None, ge=1, description="Truncate episodes at this length (overrides the registered limit)."
+    )
+
+
+class Resources(_Model):
+    """Kubernetes container resources (quantities as strings, e.g. "500m", "2Gi")."""
+
+    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests.")
+    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits.")
+
+
+class RolloutWorkersSpec(_Model):
+    replicas: int = Field(
+        default=2, ge=1, le=512, description="Rollout workers: Ray actors locally, worker pods on a cluster."
+    )
+    envs_per_worker: int = Field(
+        default=8, ge=1, le=4096, description="Vectorised environment copies stepped by each worker."
+    )
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "2Gi"}),
+        description="Resources of each rollout-worker pod.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for worker pods.")
+
+
+class Device(str, enum.Enum):
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class LearnerSpec(_Model):
+    device: Device = Field(default=Device.AUTO, description="auto: cuda when available, else cpu.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "1", "memory": "2Gi"}, limits={"memory": "4Gi"}),
+        description="Resources of the learner pod (add nvidia.com/gpu to limits for a GPU learner).",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for the learner pod.")
+    threads: int | None = Field(
+        default=None, ge=1, le=256, description="torch intra-op threads on the learner (default: torch's)."
+    )
+
+
+class HeadSpec(_Model):
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "2Gi"}),
+        description="Resources of the Ray head pod.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for the head pod.")
+
+
+class CollectionMode(str, enum.Enum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class CollectionSpec(_Model):
+    mode: CollectionMode = Field(
+        default=CollectionMode.SYNC,
+        description="sync: collect, then learn. async: workers keep producing while the learner trains "
+        "(off-policy algorithms only: DQN, BDQ, QLearning).",
+    )
+    max_staleness: int = Field(
+        default=1000,
+        ge=0,
+        description="async: a worker's policy is at most this many gradient updates old.",
+    )
+    queue_size: int = Field(
+        default=4, ge=1, le=1024, description="async: batches in flight per worker before it waits."
+    )
+    fragment_steps: int = Field(
+        default=32, ge=1, le=100_000, description="Env steps per env in one off-policy batch from a worker."
+    )
+
+
+class StoppingSpec(_Model):
+    target_return: float | None = Field(
+        default=None, description="Stop when the mean return over the last returnWindow episodes reaches this."
+    )
+    return_window: int = Field(
+        default=100, ge=1, le=100_000, description="Episodes averaged for targetReturn."
+    )
+    max_episodes: int | None = Field(default=None, ge=1, description="Stop after this many training episodes.")
+    max_env_steps: int | None = Field(default=None, ge=1, description="Stop after this many env steps.")
+    max_wall_clock_seconds: float | None = Field(
+        default=None, gt=0, description="Stop after this much training time."
+    )
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> StoppingSpec:
+        if self.max_episodes is None and self.max_env_steps is None and self.max_wall_clock_seconds is None:
+            raise ValueError(
+                "at least one of maxEpisodes, maxEnvSteps or maxWallClockSeconds is required "
+                "(targetReturn alone may never be reached)"
+            )
+        return self
+
+
+class VolumeSpec(_Model):
+    claim_name: str | None = Field(
+        default=None, description="PersistentVolumeClaim for checkpoints; emptyDir when unset."
+    )
+    size_limit: str | None = Field(default=None, description="emptyDir size limit (when no claim).")
+
+
+class CheckpointingSpec(_Model):
+    enabled: bool = Field(default=True, description="Write checkpoints.")
+    interval_iterations: int | None = Field(
+        default=None, ge=1, description="Checkpoint every this many iterations."
+    )
+    interval_seconds: float | None = Field(
+        default=60.0, gt=0, description="Checkpoint at most this often in seconds (and at the end)."
+    )
+    keep_last: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept; older ones are deleted.")
+    volume: VolumeSpec = Field(default_factory=VolumeSpec, description="Where checkpoints live on a cluster.")
+
+
+class EvaluationOpponent(str, enum.Enum):
+    RANDOM = "random"
+    SELF = "self"
+
+
+class EvaluationSuite(_Model):
+    name: str = Field(
+        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$", description="Suite name."
+    )
+    kind: Literal["episodes", "opponent", "baseline"] = Field(
+        default="episodes",
+        description="episodes: greedy policy on the env; opponent: games vs an opponent (two-player envs); "
+        "baseline: a named baseline policy on the same seeds for comparison.",
+    )
+    opponent: EvaluationOpponent | None = Field(default=None, description="Opponent, for kind=opponent.")
+    agent_first: bool | None = Field(default=None, description="Agent moves first, for kind=opponent.")
+    baseline: Literal["random", "threshold"] | None = Field(
+        default=None, description="Baseline policy, for kind=baseline."
+    )
+    episodes: int = Field(default=100, ge=1, le=1_000_000, description="Episodes or games.")
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of environment.kwargs for this suite.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class EvaluationSpec(_Model):
+    enabled: bool = Field(default=True, description="Evaluate the final policy.")
+    episodes: int = Field(default=100, ge=1, le=1_000_000, description="Deterministic evaluation episodes.")
+    seed: int = Field(default=10_000, ge=0, description="First seed of the evaluation episodes.")
+    suites: list[EvaluationSuite] = Field(
+        default_factory=list, max_length=32, description="Extra evaluation suites (opponents, baselines)."
+    )
+
+
+class MetricsSpec(_Model):
+    enabled: bool = Field(default=True, description="Serve Prometheus /metrics from the learner.")
+    port: int = Field(default=8080, ge=0, le=65535, description="Metrics port (0 picks a free one locally).")
+
+
+class RLTrainingJobSpec(_Model):
+    algorithm: AlgorithmSpec = Field(description="Learning algorithm and hyperparameters.")
+    environment: EnvironmentSpec = Field(description="The environment to train on.")
+    rollout_workers: RolloutWorkersSpec = Field(
+        default_factory=RolloutWorkersSpec, description="Rollout workers (act only)."
+    )
+    learner: LearnerSpec = Field(default_factory=LearnerSpec, description="The learner (learns only).")
+    head: HeadSpec = Field(default_factory=HeadSpec, description="The Ray head (cluster only).")
+    collection: CollectionSpec = Field(
+        default_factory=CollectionSpec, description="How collection and learning interleave."
+    )
+    stopping: StoppingSpec = Field(description="When training stops.")
+    checkpointing: CheckpointingSpec = Field(default_factory=CheckpointingSpec, description="Checkpoints.")
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec, description="Final evaluation.")
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Random seed for envs, networks and sampling.")
+    image: str | None = Field(
+        default=None, max_length=512, description="Trainer image; the operator's default when unset."
+    )
+    suspend: bool = Field(default=False, description="Delete the job's pods and keep it; false resumes.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job this long after it succeeds or fails."
+    )
+    backoff_limit: int = Field(default=3, ge=0, le=100, description="Learner restarts before the job fails.")
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job when it has been active longer than this."
+    )
+
+    @model_validator(mode="after")
+    def _async_needs_off_policy(self) -> RLTrainingJobSpec:
+        if self.collection.mode == CollectionMode.ASYNC and self.algorithm.name == AlgorithmName.PPO:
+            raise ValueError(
+                "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), "
+                "got algorithm.name PPO"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Status
+# --------------------------------------------------------------------------------------------
+
+
+class Phase(str, enum.Enum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class Condition(_Model):
+    type: str = Field(description="Running, Degraded, Complete, Failed, Suspended.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(default=None, description="Generation this was computed for.")
+
+
+class Progress(_Model):
+    episodes: int = Field(default=0, ge=0, description="Training episodes finished.")
+    env_steps: int = Field(default=0, ge=0, description="Environment steps taken.")
+    episodes_per_second: float = Field(default=0.0, ge=0, description="Recent episode rate.")
+    env_steps_per_second: float = Field(default=0.0, ge=0, description="Recent env-step rate.")
+    mean_return: float | None = Field(default=None, description="Mean return over the stopping window.")
+    wall_clock_seconds: float = Field(default=0.0, ge=0, description="Training time so far.")
+    gradient_updates: int = Field(default=0, ge=0, description="Gradient updates applied.")
+    iterations: int = Field(default=0, ge=0, description="Learner iterations.")
+
+
+class RLTrainingJobStatus(_Model):
+    phase: Phase = Field(default=Phase.PENDING, description="Lifecycle phase.")
+    conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
+    observed_generation: int | None = Field(default=None, description="Last spec generation acted on.")
+    start_time: datetime | None = Field(default=None, description="When the job's pods were first created.")
+    completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
+    workers_ready: int = Field(default=0, ge=0, description="Rollout workers ready.")
+    workers_desired: int = Field(default=0, ge=0, description="Rollout workers wanted.")
+    workers: str = Field(default="0/0", description="ready/desired, for kubectl get.")
+    learner_restarts: int = Field(default=0, ge=0, description="Times the learner was restarted.")
+    head_restarts: int = Field(default=0, ge=0, description="Times the head was recreated.")
+    progress: Progress = Field(default_factory=Progress, description="Training progress from the learner.")
+    last_checkpoint: str | None = Field(default=None, description="Newest checkpoint file.")
+    last_checkpoint_time: datetime | None = Field(default=None, description="When it was written.")
+    evaluation: dict[str, Any] | None = Field(
+        default=None,
+        description="Final evaluation results by suite.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    reason: str | None = Field(default=None, description="Why the job failed (CamelCase).")
+    message: str | None = Field(default=None, description="Detail of the failure.")
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata KubeRL reads; everything else passes through."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(
+        min_length=1,
+        max_length=40,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="DNS-1123 label, at most 40 characters (pod names add suffixes).",
+    )
+    namespace: str = Field(default="default", description="Namespace.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class RLTrainingJob(_Model):
+    model_config = ConfigDict(extra="ignore")
+    api_version: Literal["kuberl.dev/v1alpha1"] = Field(alias="apiVersion", description="kuberl.dev/v1alpha1")
+    kind: Literal["RLTrainingJob"] = Field(description="RLTrainingJob")
+    metadata: ObjectMeta
+    spec: RLTrainingJobSpec
+    status: RLTrainingJobStatus = Field(default_factory=RLTrainingJobStatus)
+
+    def manifest(self) -> dict[str, Any]:
+        """The job as a Kubernetes manifest (camelCase, defaults filled in), without status."""
+        return self.model_dump(mode="json", by_alias=True, exclude={"status"})

@@ -1,0 +1,135 @@
+"""`kuberl`: validate a job file, train it locally or as the learner of a cluster job, print the CRD.
+
+Exit status: 0 success, 2 invalid input (nothing started), 1 a failure while training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _print_problems(err) -> None:
+    print(f"error: {err.source} is not a valid RLTrainingJob ({len(err.problems)} problem(s)):", file=sys.stderr)
+    for problem in err.problems:
+        print(f"  - {problem}", file=sys.stderr)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from kuberl.api.load import InvalidJob, load_job_file
+
+    try:
+        job = load_job_file(args.job)
+    except InvalidJob as err:
+        _print_problems(err)
+        return 2
+    spec = job.spec
+    print(
+        f"ok: {job.metadata.name} — {spec.algorithm.name.value} on {spec.environment.id}, "
+        f"{spec.rollout_workers.replicas} worker(s) x {spec.rollout_workers.envs_per_worker} env(s)"
+    )
+    return 0
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from kuberl.api.crd import crd_yaml
+
+    text = crd_yaml()
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from kuberl.api.load import InvalidJob, load_job_file, parse_job
+
+    try:
+        if args.job == "-" or args.job is None:
+            spec_json = os.environ.get("KUBERL_JOB_SPEC")
+            if args.job is None and spec_json:
+                import json
+
+                job = parse_job(json.loads(spec_json), source="$KUBERL_JOB_SPEC")
+            elif args.job == "-":
+                from kuberl.api.load import load_job_text
+
+                job = load_job_text(sys.stdin.read(), source="<stdin>")
+            else:
+                print("error: give a job file (or set KUBERL_JOB_SPEC in a learner pod)", file=sys.stderr)
+                return 2
+        else:
+            job = load_job_file(args.job)
+        if args.workers is not None and args.workers < 1:
+            raise InvalidJob([_problem("--workers", "must be at least 1", args.workers)], "command line")
+    except InvalidJob as err:
+        _print_problems(err)
+        return 2
+
+    from kuberl.trainer.run import TrainOptions, train
+
+    options = TrainOptions(
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        resume=args.resume,
+        workers=args.workers,
+        ray_address=args.ray_address or os.environ.get("KUBERL_RAY_ADDRESS"),
+        metrics_port=args.metrics_port,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        max_env_steps=args.max_env_steps,
+        seed=args.seed,
+        device=args.device,
+    )
+    result = train(job, options)
+    return 0 if result.ok else 1
+
+
+def _problem(path, message, value):
+    from kuberl.api.load import Problem
+
+    return Problem(path, message, value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a job file; print every problem; exit 2 when invalid")
+    p.add_argument("job", help="RLTrainingJob YAML file")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("crd", help="print the RLTrainingJob CustomResourceDefinition generated from the model")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=_cmd_crd)
+
+    for name, helptext in (
+        ("train", "train a job: an embedded Ray here, or an existing cluster with --ray-address"),
+        ("learner", "the learner pod's entry point (same as train; reads $KUBERL_JOB_SPEC when no file)"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("job", nargs="?", default=None, help="RLTrainingJob YAML file ('-' for stdin)")
+        p.add_argument("--resume", action="store_true", help="continue from the run directory's newest checkpoint")
+        p.add_argument("--run-dir", help="run directory (default runs/<job name>; $KUBERL_RUN_DIR in a pod)")
+        p.add_argument("--workers", type=int, help="rollout workers (overrides spec.rolloutWorkers.replicas)")
+        p.add_argument("--ray-address", help="join this Ray cluster (host:port) instead of starting one")
+        p.add_argument("--metrics-port", type=int, help="override spec.metrics.port (0 = pick a free port)")
+        p.add_argument("--max-env-steps", type=int, help="override spec.stopping.maxEnvSteps")
+        p.add_argument("--seed", type=int, help="override spec.seed")
+        p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override spec.learner.device")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+        p.set_defaults(func=_cmd_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "learner":
+        args.resume = True  # a restarted learner pod always continues from its volume
+        args.run_dir = args.run_dir or os.environ.get("KUBERL_RUN_DIR", "/checkpoints")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

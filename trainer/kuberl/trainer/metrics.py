@@ -1,0 +1,92 @@
+"""The learner's Prometheus metrics: one registry, names `kuberl_<noun>_<unit>`, documented in the README.
+
+Labels: job_name, namespace, algorithm, environment (never `job`, which Prometheus renames).
+Imports prometheus_client only, so the dashboard test and the operator can read the names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+LABELS = ("job_name", "namespace", "algorithm", "environment")
+
+#: name -> (type, help). The README table and the Grafana dashboard are checked against this.
+METRICS: dict[str, tuple[str, str]] = {
+    "kuberl_episodes_total": ("counter", "Training episodes finished."),
+    "kuberl_env_steps_total": ("counter", "Environment steps taken by all rollout workers."),
+    "kuberl_episodes_per_second": ("gauge", "Episodes per second over the last iteration window."),
+    "kuberl_env_steps_per_second": ("gauge", "Environment steps per second over the last iteration window."),
+    "kuberl_training_wall_clock_seconds": ("gauge", "Seconds since training started (resumed runs add on)."),
+    "kuberl_gradient_updates_total": ("counter", "Gradient (or table) updates applied by the learner."),
+    "kuberl_iterations_total": ("counter", "Learner iterations (collect + learn rounds)."),
+    "kuberl_episode_return_mean": ("gauge", "Mean training return over the stopping window."),
+    "kuberl_rollout_workers_ready": ("gauge", "Rollout workers alive and sampling."),
+    "kuberl_rollout_workers_desired": ("gauge", "Rollout workers wanted by the job spec."),
+    "kuberl_rollout_worker_restarts_total": ("counter", "Rollout actors that died and were replaced."),
+    "kuberl_learner_loss": ("gauge", "Learner's total loss on the last update."),
+    "kuberl_checkpoint_timestamp_seconds": ("gauge", "Unix time of the newest checkpoint (0 before the first)."),
+    "kuberl_checkpoints_total": ("counter", "Checkpoints written."),
+    "kuberl_learner_wait_seconds_total": ("counter", "Seconds the learner waited for rollout data."),
+    "kuberl_worker_weight_wait_seconds_total": ("counter", "Seconds rollout workers waited for new weights."),
+    "kuberl_policy_staleness_updates": ("gauge", "Gradient updates between the policy a batch was collected with and the learner's."),
+    "kuberl_evaluation_return_mean": ("gauge", "Mean return of the final deterministic evaluation."),
+    "kuberl_evaluation_win_rate": ("gauge", "Win rate of an evaluation suite (two-player envs), labelled by suite."),
+    "kuberl_job_finished": ("gauge", "1 once training has finished (stopping condition met), else 0."),
+}
+
+
+@dataclass
+class JobLabels:
+    job_name: str
+    namespace: str
+    algorithm: str
+    environment: str
+
+    def values(self) -> tuple[str, str, str, str]:
+        return (self.job_name, self.namespace, self.algorithm, self.environment)
+
+
+class LearnerMetrics:
+    """Holds every learner metric bound to one job's labels, in a private registry."""
+
+    def __init__(self, labels: JobLabels, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.labels = labels
+        self._m: dict[str, object] = {}
+        for name, (kind, help_text) in METRICS.items():
+            extra = ("suite",) if name == "kuberl_evaluation_win_rate" else ()
+            if kind == "counter":
+                metric = Counter(name.removesuffix("_total"), help_text, LABELS + extra, registry=self.registry)
+            else:
+                metric = Gauge(name, help_text, LABELS + extra, registry=self.registry)
+            self._m[name] = metric if extra else metric.labels(*labels.values())
+        self._m["kuberl_checkpoint_timestamp_seconds"].set(0)
+        self._m["kuberl_job_finished"].set(0)
+        self.server = None
+
+    def __getitem__(self, name: str):
+        return self._m[name]
+
+    def inc(self, name: str, amount: float = 1.0) -> None:
+        if amount > 0:
+            self._m[name].inc(amount)
+
+    def set(self, name: str, value: float) -> None:
+        self._m[name].set(value)
+
+    def set_win_rate(self, suite: str, value: float) -> None:
+        self._m["kuberl_evaluation_win_rate"].labels(*self.labels.values(), suite).set(value)
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Start the /metrics HTTP server; returns the bound port (port 0 picks a free one)."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.server = server
+        return server.server_address[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
