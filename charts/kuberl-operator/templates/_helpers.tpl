@@ -49,7 +49,9 @@ app.kubernetes.io/part-of: kuberl
 {{- end }}
 
 {{- define "kuberl-operator.trainerImage" -}}
-{{- printf "%s:%s" .Values.trainer.image.repository (default .Chart.AppVersion .Values.trainer.image.tag) }}
+{{- with .Values.jobDefaults.trainerImage }}
+{{- printf "%s:%s" .repository (default $.Chart.AppVersion .tag) }}
+{{- end }}
 {{- end }}
 
 {{/* "true" when the operator watches every namespace (no operator.watchNamespace). */}}

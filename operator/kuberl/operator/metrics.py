@@ -8,9 +8,8 @@ from __future__ import annotations
 import threading
 from collections import Counter as _Tally
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
 from kuberl.api.job import Phase
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 #: name -> (type, help). Names as scraped (counters end in _total).
 METRICS: dict[str, tuple[str, str]] = {

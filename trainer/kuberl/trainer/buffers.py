@@ -38,7 +38,7 @@ class ReplayBuffer:
         if self.next_masks is not None and "next_masks" in batch:
             fields.append(("next_masks", self.next_masks))
         for key, store in fields:
-            store[idx] = torch.as_tensor(batch[key], device=self.device).to(store.dtype).reshape(n, *store.shape[1:])
+            store[idx] = torch.as_tensor(np.array(batch[key]), device=self.device).to(store.dtype).reshape(n, *store.shape[1:])
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
         return n

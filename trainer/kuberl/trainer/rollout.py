@@ -6,6 +6,7 @@ It imports numpy and gymnasium only: workers never load torch.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -62,6 +63,7 @@ class RolloutWorker:
         self.episode_length = np.zeros(num_envs, dtype=np.int64)
         self.env_steps = 0
         self._nstep: _NStepAccumulator | None = None
+        self.node = _ray_node_id()
         self._last_end: float | None = None  # end of the previous sample call: the gap is time spent waiting
         self.hooks: list = []  # callables(worker) run after weights change (e.g. self-play opponent refresh)
 
@@ -87,13 +89,11 @@ class RolloutWorker:
     def _idle(self) -> float:
         return 0.0 if self._last_end is None else time.perf_counter() - self._last_end
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def ping(self) -> int:
         return self.worker_index
-
-    def node_id(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
 
     # ---- on-policy (PPO) ------------------------------------------------------------------------
 
@@ -152,7 +152,7 @@ class RolloutWorker:
             "rewards": reward_buf, "dones": done_buf, "last_values": self.policy.value(self.obs).astype(np.float32),
             "episode_returns": np.asarray(returns), "episode_lengths": np.asarray(lengths, np.int64),
             "env_steps": num_steps * n, "sample_seconds": time.perf_counter() - t0, "version": version,
-            "worker_index": self.worker_index, "idle_seconds": idle,
+            "worker_index": self.worker_index, "idle_seconds": idle, "node": self.node,
         }
         self._last_end = time.perf_counter()
         if mask_buf is not None:
@@ -203,6 +203,7 @@ class RolloutWorker:
             "episode_returns": np.asarray(returns), "episode_lengths": np.asarray(lengths, np.int64),
             "env_steps": num_steps * self.num_envs, "sample_seconds": time.perf_counter() - t0,
             "version": self.weights_version, "worker_index": self.worker_index, "idle_seconds": idle,
+            "node": self.node,
         })
         self._last_end = time.perf_counter()
         return batch
@@ -267,6 +268,17 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.env.close()
+
+
+def _ray_node_id() -> str:
+    """The Ray node this worker runs on ("" outside Ray), so a learner can see how actors spread."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return ""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 def _batch1(raw):

@@ -43,7 +43,7 @@ class TrainOptions:
     seed: int | None = None
     device: str | None = None
     shutdown_ray: bool = True
-    on_iteration: Callable[[dict[str, Any]], None] | None = None  # tests and benchmarks observe progress
+    on_iteration: Callable[[dict[str, Any], Any], None] | None = None  # (row, loop): tests and benchmarks observe
 
 
 @dataclass
@@ -166,6 +166,8 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     metrics.inc("kuberl_iterations_total", counters.iterations)
     metrics.inc("kuberl_rollout_worker_restarts_total", counters.worker_restarts)
     metrics.inc("kuberl_checkpoints_total", counters.checkpoints)
+    metrics.inc("kuberl_learner_wait_seconds_total", counters.learner_wait)
+    metrics.inc("kuberl_worker_weight_wait_seconds_total", counters.worker_wait)
     metrics.set("kuberl_rollout_workers_desired", replicas)
 
     stop_signal = {"set": False}
@@ -184,7 +186,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     workers = WorkerSet(worker_args, None if cluster else replicas, cluster, spec.seed + 17 * counters.iterations)
     loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
     try:
-        workers.reconcile()
+        workers.reconcile(wait_for_all=60.0)
         reason = loop.run()
         evaluation = loop.evaluate() if spec.evaluation.enabled else {}
         loop.checkpoint(force=True)
@@ -357,10 +359,11 @@ class _Loop:
                "wall_clock": round(self.c.wall_clock, 4), "mean_return": mean_return,
                "episodes_per_second": eps_rate, "env_steps_per_second": step_rate, "loss": stats.loss,
                "gradient_updates": self.c.gradient_updates, "workers_ready": len(self.workers.ready()),
+               "worker_nodes": len({b.get("node") for b in batches}),
                "learner_wait": self.c.learner_wait, "worker_wait": self.c.worker_wait, **stats.extra}
         self.report.iteration(row)
         if self.options.on_iteration is not None:
-            self.options.on_iteration(row)
+            self.options.on_iteration(row, self)
         self.checkpoint()
 
     def should_stop(self) -> str | None:

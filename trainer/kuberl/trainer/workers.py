@@ -33,9 +33,21 @@ def start_ray(address: str | None, local_slots: int) -> float:
     paths = [os.getcwd(), *[p for p in sys.path if p]]
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=True)
+        # A learner pod may start before its head answers: keep trying for a while, then fail clearly.
+        deadline = time.monotonic() + float(os.environ.get("KUBERL_RAY_CONNECT_TIMEOUT", "180"))
+        while True:
+            try:
+                ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING,
+                         log_to_driver=True)
+                break
+            except (ConnectionError, RuntimeError) as err:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(f"cannot reach the Ray cluster at {address}: {err}") from err
+                log.info("Ray head at %s not reachable yet; retrying", address)
+                time.sleep(2.0)
     else:
         ray.init(
+            address="local",  # never join a cluster some other `ray start` left on this machine
             num_cpus=max(local_slots, os.cpu_count() or 1),
             resources={ROLLOUT_SLOT: local_slots},
             include_dashboard=False,
@@ -81,17 +93,20 @@ class WorkerSet:
         actor = self._actor_cls.options(name=None).remote(**args)
         self.workers[index] = WorkerHandle(index, actor, ready_ref=actor.ping.remote())
 
-    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0) -> None:
-        """Create missing actors, drop surplus ones, and mark started ones ready."""
-        want = self.desired()
-        for index in range(want):
-            if index not in self.workers:
-                self._spawn(index)
-        for index in sorted(self.workers):
-            if index >= want:
-                ray.kill(self.workers.pop(index).actor, no_restart=True)
+    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0, wait_for_all: float = 0.0) -> None:
+        """Create missing actors, drop surplus ones, and mark started ones ready. Waits up to
+        `wait_for_all` seconds for every desired actor (at start), and otherwise for at least one.
+        The desired count is re-read while waiting: on a cluster, worker pods may join late."""
         deadline = time.monotonic() + timeout
+        all_deadline = time.monotonic() + wait_for_all
         while True:
+            want = self.desired()
+            for index in range(want):
+                if index not in self.workers:
+                    self._spawn(index)
+            for index in sorted(self.workers):
+                if index >= want:
+                    ray.kill(self.workers.pop(index).actor, no_restart=True)
             pending = {h.ready_ref: h for h in self.workers.values() if not h.ready}
             if pending:
                 done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
@@ -103,7 +118,11 @@ class WorkerSet:
                     except (RayActorError, RayTaskError) as err:
                         log.warning("rollout worker %d failed to start: %s", handle.index, err)
                         self.replace(handle.index)
-            if self.ready() or not wait_for_one:
+            ready = len(self.ready())
+            if (want == 0 or ready < want) and time.monotonic() < all_deadline:
+                time.sleep(0.05)
+                continue
+            if ready or not wait_for_one:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no rollout worker became ready within {timeout:.0f}s "

@@ -116,7 +116,7 @@ class DQN(Algorithm):
         self.optimizer.step()
         self.gradient_updates += 1
         self._update_target()
-        return float(loss)
+        return loss.item()
 
     def _update_target(self) -> None:
         if self.cfg.target_update == "hard":

@@ -109,7 +109,7 @@ class PPO(Algorithm):
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                losses.append(float(loss))
+                losses.append(loss.item())
                 updates += 1
             kls.extend(epoch_kl)
             if cfg.target_kl is not None and np.mean(epoch_kl) > cfg.target_kl:

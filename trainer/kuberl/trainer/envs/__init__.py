@@ -6,7 +6,8 @@ without the trainer's heavy dependencies.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import gymnasium as gym
 

@@ -11,9 +11,10 @@ Each step is one interval (`interval_ms`). In order, a step:
 
 Per-step accounting (all in `info`) and the reward:
   latency_ms  = service_time_ms * (1 + rho**4 / (1 - rho))  + queue / capacity * interval_ms
-                with rho = served / capacity capped at 0.99: a queueing-delay curve that stays near
-                service_time_ms up to rho ~ 0.7 and climbs steeply past 0.85, plus the time to
-                drain the backlog left at the end of the interval.
+                with rho = served / capacity capped at 0.99: a queueing-delay curve under twice
+                service_time_ms up to rho = 0.7 that climbs steeply after (with the defaults it
+                reaches the SLO, 5x, at rho = 0.86), plus the time to drain the backlog left at
+                the end of the interval.
   cost_instances = instance_cost * sum over running AND booting instances of the tier's cost
                    multiplier (a booting instance is billed, as clouds bill from launch)
   cost_slo       = slo_violation_penalty * [latency_ms > latency_slo]
@@ -22,32 +23,35 @@ Per-step accounting (all in `info`) and the reward:
   reward = -(cost_instances + cost_slo + cost_dropped)
 
 Episodes never terminate; they are truncated after `episode_length` steps. Observations are
-normalised float32; the layout is in `OBSERVATION_NAMES` (Autoscaling-v0) and `MACRO_NAMES` /
-`MICRO_NAMES` (AutoscalingMulti-v0), with index constants for what baselines read.
+normalised float32; the layout is in `OBSERVATION_NAMES` (Autoscaling-v0) and in
+`env.observation_names` / `env.observation_parts` (AutoscalingMulti-v0, whose micro part is
+`MICRO_NAMES`), with index constants for what baselines read.
 
 AutoscalingMulti-v0 (`AutoscalingMultiEnv`) acts on three dimensions at once, MultiDiscrete([3, T, P]):
   - instance delta (remove / keep / add), applied to
   - a capacity tier: instances are heterogeneous; "add" boots one of the chosen tier and "remove"
     removes one of it (blocked if the fleet has none). Bigger tiers carry more capacity for a
     slightly lower cost per unit, but move capacity in coarser steps;
-  - a priority weight w: a fraction `low_priority_fraction` of requests is low priority; high
-    priority is served first, and w is the fraction of unserved low-priority requests shed (dropped
-    at `low_priority_drop_penalty` each) instead of queued. Shedding cuts the backlog and so the
-    latency, at the price of dropped requests; it only matters when capacity falls short, which is
-    what the instance and tier choices decide.
+  - a priority weight w (one of `priority_weights`): a fraction `low_priority_fraction` of
+    requests is low priority and high priority is served first. Admission control sheds w times
+    the demand above what capacity serves within the SLO (rho = 0.86 with the defaults), taken from
+    low-priority requests only, each shed request costing `low_priority_drop_penalty`. Shedding
+    keeps latency under the SLO at the price of dropped requests; it only acts when capacity falls
+    short, which is what the instance and tier choices decide, so a lean fleet that sheds at peaks
+    competes with a larger fleet that does not.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-
 from kuberl.trainer.envs.load_patterns import LOAD_PATTERNS, LoadParams, check_pattern, generate_load
 
 ACTION_REMOVE, ACTION_KEEP, ACTION_ADD = 0, 1, 2
@@ -82,7 +86,16 @@ OBS_LATENCY = OBSERVATION_NAMES.index("latency")
 # macro: platform-wide and slow (per-tier fleet, cost rate, priority setting, long-window load,
 # time); micro: fast and local (queue, instantaneous influx, latency, utilisation). The flat
 # observation is macro followed by micro, so a micro index counted from the end holds in both.
-MACRO_SHARED_NAMES = ("capacity", "cost_rate", "priority_weight", "influx_long", "cycle_sin", "cycle_cos", "progress")
+# Macro starts with running_tier0..T-1 and booting_tier0..T-1 (instances / max_instances), then:
+MACRO_SHARED_NAMES = (
+    "capacity",  # capacity of running + booting instances / (max_instances x the largest tier's)
+    "cost_rate",  # this step's cost_instances / (max_instances x the dearest tier's cost)
+    "priority_weight",  # the shedding weight applied last step, [0, 1]
+    "influx_long",  # as in Autoscaling-v0
+    "cycle_sin",
+    "cycle_cos",
+    "progress",
+)
 MICRO_NAMES = (
     "utilisation",
     "running_utilisation",
@@ -136,9 +149,9 @@ class AutoscalingConfig:
     max_instances: int = 20
     """Most instances, running and booting together."""
     initial_instances: int | None = None
-    """Running instances at reset; None sizes the fleet for the first interval's load at 70% utilisation."""
+    """Running (tier-0) instances at reset; None sizes them for the first interval's load at 70% utilisation."""
     capacity_per_instance: float = 10.0
-    """Requests one (tier-0) instance serves per interval."""
+    """Requests one instance serves per interval (times its tier's capacity multiplier in the multi env)."""
     max_queue: float = 100.0
     """Backlog the service holds; arrivals beyond it are dropped."""
     startup_delay: int = 3
@@ -150,7 +163,7 @@ class AutoscalingConfig:
     interval_ms: float = 1000.0
     """Length of one step in milliseconds (the backlog's drain time is counted in it)."""
     instance_cost: float = 0.1
-    """Reward cost per (tier-0) instance per step, booting included."""
+    """Reward cost per instance per step, booting included (times its tier's cost multiplier in the multi env)."""
     slo_violation_penalty: float = 1.0
     """Reward cost of one step whose latency exceeds latency_slo."""
     drop_penalty: float = 0.05
@@ -177,7 +190,7 @@ class AutoscalingConfig:
             _require_number(self, name, positive=False)
 
     @classmethod
-    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "AutoscalingConfig":
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> AutoscalingConfig:
         """Build from env kwargs; an unknown name or a bad value raises ValueError naming it."""
         return _config_from_kwargs(cls, kwargs)
 
@@ -211,15 +224,19 @@ class AutoscalingMultiConfig(AutoscalingConfig):
         try:
             weights = tuple(float(w) for w in self.priority_weights)
         except (TypeError, ValueError):
-            raise ValueError(f"priority_weights={self.priority_weights!r}: must be a list of numbers") from None
+            raise ValueError(
+                f"priority_weights={self.priority_weights!r}: must be a list of numbers"
+            ) from None
         if not weights or any(not 0.0 <= w <= 1.0 for w in weights):
-            raise ValueError(f"priority_weights={self.priority_weights!r}: needs >= 1 weight, each within [0, 1]")
+            raise ValueError(
+                f"priority_weights={self.priority_weights!r}: needs >= 1 weight, each within [0, 1]"
+            )
         object.__setattr__(self, "priority_weights", weights)
         if not 0.0 <= self.low_priority_fraction <= 1.0:
             raise ValueError(f"low_priority_fraction={self.low_priority_fraction!r}: must be within [0, 1]")
         _require_number(self, "low_priority_drop_penalty", positive=False)
         if not isinstance(self.observation_split, bool):
-            raise ValueError(f"observation_split={self.observation_split!r}: must be true or false")
+            raise ValueError(f"observation_split={self.observation_split!r}: must be true or false")  # noqa: TRY004
 
 
 def _require_int(cfg: Any, name: str, minimum: int) -> None:
@@ -260,14 +277,16 @@ def _box(names: tuple[str, ...]) -> spaces.Box:
 class AutoscalingEnv(gym.Env):
     """kuberl/Autoscaling-v0: Discrete(3) actions remove / keep / add one instance."""
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any) -> None:
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode={render_mode!r} is not allowed; allowed values: None, ansi")
         self.render_mode = render_mode
         self.config = AutoscalingConfig.from_kwargs(kwargs)
-        self._setup_service(tiers=((1.0, 1.0),), priority_weights=(0.0,), low_fraction=0.0, low_drop_penalty=0.0)
+        self._setup_service(
+            tiers=((1.0, 1.0),), priority_weights=(0.0,), low_fraction=0.0, low_drop_penalty=0.0
+        )
         self.action_space = spaces.Discrete(3)
         self.observation_names = OBSERVATION_NAMES
         self.observation_space = _box(OBSERVATION_NAMES)
@@ -304,7 +323,6 @@ class AutoscalingEnv(gym.Env):
         self._booting = [[0] * (cfg.startup_delay + 1) for _ in range(n_tiers)]
         self._queue_high = self._queue_low = 0.0
         self._fast_influx = self._slow_influx = first
-        self._weight_index = 0
         self._t = 0
         # Interval 0 is served before the agent acts, so the first observation carries real
         # utilisation, latency and influx; its costs are not part of the return.
@@ -319,7 +337,6 @@ class AutoscalingEnv(gym.Env):
             raise RuntimeError("step() called after the episode was truncated; call reset()")
         delta, tier, weight_index = self._decode(action)
         blocked = self._scale(delta, tier)
-        self._weight_index = weight_index
         self._t += 1
         info = self._serve(float(self._trace[self._t]), self._priority_weights[weight_index])
         info["scaling_blocked"] = blocked
@@ -330,7 +347,9 @@ class AutoscalingEnv(gym.Env):
     def _decode(self, action) -> tuple[int, int, int]:
         a = int(action)
         if not 0 <= a <= 2:
-            raise ValueError(f"action={action!r} is not allowed; allowed values: 0 (remove), 1 (keep), 2 (add)")
+            raise ValueError(
+                f"action={action!r} is not allowed; allowed values: 0 (remove), 1 (keep), 2 (add)"
+            )
         return a - 1, 0, 0
 
     def _scale(self, delta: int, tier: int) -> bool:
@@ -372,7 +391,9 @@ class AutoscalingEnv(gym.Env):
         demand_low = self._queue_low + arrivals_low
         # Admission control: of the demand above what capacity serves within the SLO, shed the
         # priority weight's fraction, taken from low-priority requests only.
-        shed = shed_weight * min(demand_low, max(0.0, demand_high + demand_low - self._slo_utilisation * capacity))
+        shed = shed_weight * min(
+            demand_low, max(0.0, demand_high + demand_low - self._slo_utilisation * capacity)
+        )
         demand_low -= shed
         served_high = min(demand_high, capacity)
         served_low = min(demand_low, capacity - served_high)
@@ -387,7 +408,9 @@ class AutoscalingEnv(gym.Env):
         served = served_high + served_low
         queue = self._queue_high + self._queue_low
 
-        latency_ms = _processing_latency(cfg.service_time_ms, served / capacity) + queue / capacity * cfg.interval_ms
+        latency_ms = (
+            _processing_latency(cfg.service_time_ms, served / capacity) + queue / capacity * cfg.interval_ms
+        )
         violation = latency_ms > cfg.latency_slo
 
         booting_per_tier = [sum(b) for b in self._booting]
@@ -529,7 +552,11 @@ class AutoscalingMultiEnv(AutoscalingEnv):
 
     def _decode(self, action) -> tuple[int, int, int]:
         delta, tier, level = (int(a) for a in np.asarray(action).reshape(3))
-        if not (0 <= delta <= 2 and 0 <= tier < len(self._tier_capacity) and 0 <= level < len(self._priority_weights)):
+        if not (
+            0 <= delta <= 2
+            and 0 <= tier < len(self._tier_capacity)
+            and 0 <= level < len(self._priority_weights)
+        ):
             raise ValueError(f"action={action!r} is outside {self.action_space}")
         return delta - 1, tier, level
 
@@ -579,14 +606,14 @@ __all__ = [
     "ACTION_ADD",
     "ACTION_KEEP",
     "ACTION_REMOVE",
-    "AutoscalingConfig",
-    "AutoscalingEnv",
-    "AutoscalingMultiConfig",
-    "AutoscalingMultiEnv",
     "LOAD_PATTERNS",
     "MACRO_SHARED_NAMES",
     "MICRO_NAMES",
     "MICRO_UTILISATION",
     "OBSERVATION_NAMES",
     "OBS_UTILISATION",
+    "AutoscalingConfig",
+    "AutoscalingEnv",
+    "AutoscalingMultiConfig",
+    "AutoscalingMultiEnv",
 ]

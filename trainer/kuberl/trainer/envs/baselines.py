@@ -6,14 +6,15 @@ Autoscaling policies are callables `policy(obs) -> action`; Tic-Tac-Toe policies
 
 from __future__ import annotations
 
+import functools
 import itertools
-import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
-
-import kuberl.trainer.envs  # noqa: F401  (registers the env ids)
+from kuberl.trainer.envs import AUTOSCALING_ID, AUTOSCALING_MULTI_ID  # importing registers the ids
 from kuberl.trainer.envs.autoscaling import (
     ACTION_ADD,
     ACTION_KEEP,
@@ -22,10 +23,7 @@ from kuberl.trainer.envs.autoscaling import (
     MICRO_UTILISATION,
     OBS_UTILISATION,
 )
-from kuberl.trainer.envs.tictactoe import LINES, RandomMovePolicy, winner
-
-AUTOSCALING_ID = "kuberl/Autoscaling-v0"
-AUTOSCALING_MULTI_ID = "kuberl/AutoscalingMulti-v0"
+from kuberl.trainer.envs.tictactoe import RandomMovePolicy, winner
 
 
 class ThresholdPolicy:
@@ -90,7 +88,9 @@ class RandomPolicy:
         return self.action_space.sample()
 
 
-def run_episode(env: gym.Env, policy: Callable[[Any], Any], seed: int | None) -> tuple[float, dict[str, float]]:
+def run_episode(
+    env: gym.Env, policy: Callable[[Any], Any], seed: int | None
+) -> tuple[float, dict[str, float]]:
     """Play one episode; returns (return, totals of the numeric per-step info entries)."""
     obs, _ = env.reset(seed=seed)
     total = 0.0
@@ -142,3 +142,84 @@ def grid_search_thresholds(
     if best is None:
         raise ValueError(f"no pair in uppers={list(uppers)!r} x lowers={list(lowers)!r} has lower < upper")
     return best
+
+
+def grid_search_multi_thresholds(
+    env_kwargs: Mapping[str, Any] | None,
+    uppers: Sequence[float],
+    lowers: Sequence[float],
+    seeds: Sequence[int],
+    tiers: Sequence[int] = (0,),
+    priorities: Sequence[int] = (0,),
+) -> tuple[float, float, int, int, float]:
+    """Best (upper, lower, tier, priority, mean_return) of MultiThresholdPolicy on AutoscalingMulti-v0.
+
+    Searching tiers and priorities too gives the fair baseline for a multi-dimensional learner:
+    the best fixed tier and priority setting with threshold-driven instance counts.
+    """
+    best: tuple[float, float, int, int, float] | None = None
+    for upper, lower, tier, priority in itertools.product(uppers, lowers, tiers, priorities):
+        if lower >= upper:
+            continue
+        policy = MultiThresholdPolicy(upper, lower, tier=tier, priority=priority)
+        score = evaluate_policy(AUTOSCALING_MULTI_ID, env_kwargs, policy, seeds)
+        if best is None or score > best[4]:
+            best = (float(upper), float(lower), int(tier), int(priority), score)
+    if best is None:
+        raise ValueError(f"no pair in uppers={list(uppers)!r} x lowers={list(lowers)!r} has lower < upper")
+    return best
+
+
+# --- Tic-Tac-Toe opponents: callables (obs, mask) -> cell ---------------------------------------
+
+
+class MinimaxPolicy:
+    """Perfect play by exhaustive search (memoised over the 5,478 reachable boards): never loses.
+
+    Among equally good cells it takes the lowest one, or a random one when `seed` is given, so
+    that games against it differ.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed) if seed is not None else None
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        # The observation is from the mover's side: plane 0 its marks (+1), plane 1 the opponent's.
+        board = tuple(int(obs[i] > 0.5) - int(obs[9 + i] > 0.5) for i in range(9))
+        best = _best_cells(board)
+        if self._rng is None:
+            return best[0]
+        return self._rng.choice(best)
+
+
+@functools.cache
+def _value(board: tuple[int, ...]) -> int:
+    """Game value for the player to move (+1 win, 0 draw, -1 loss); that player marks +1."""
+    result = winner(board)
+    if result is not None:
+        return result  # the opponent just moved, so a line can only be theirs (-1), or a draw
+    flipped = tuple(-c for c in board)
+    return max(-_value(flipped[:i] + (-1,) + flipped[i + 1 :]) for i in range(9) if board[i] == 0)
+
+
+@functools.cache
+def _best_cells(board: tuple[int, ...]) -> tuple[int, ...]:
+    flipped = tuple(-c for c in board)
+    scores = {i: -_value(flipped[:i] + (-1,) + flipped[i + 1 :]) for i in range(9) if board[i] == 0}
+    top = max(scores.values())
+    return tuple(i for i, v in scores.items() if v == top)
+
+
+__all__ = [
+    "AUTOSCALING_ID",
+    "AUTOSCALING_MULTI_ID",
+    "MinimaxPolicy",
+    "MultiThresholdPolicy",
+    "RandomMovePolicy",
+    "RandomPolicy",
+    "ThresholdPolicy",
+    "evaluate_policy",
+    "grid_search_multi_thresholds",
+    "grid_search_thresholds",
+    "run_episode",
+]

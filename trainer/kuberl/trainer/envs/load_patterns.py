@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,10 @@ class LoadParams:
     """RANDOM: upper bound of the walk, as a fraction of `base_load`."""
 
     def __post_init__(self) -> None:
+        for name in ("period", "spike_duration"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"load_params.{name}={value!r}: must be an integer")  # noqa: TRY004
         positive = ("base_load", "period", "spike_magnitude", "spike_duration", "walk_high")
         for name in positive:
             if not getattr(self, name) > 0:
@@ -63,7 +68,7 @@ class LoadParams:
             )
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> "LoadParams":
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> LoadParams:
         """Build from a job spec's dict, naming any key that is not a field."""
         if values is None:
             return cls()
@@ -72,7 +77,9 @@ class LoadParams:
         allowed = tuple(f.name for f in dataclasses.fields(cls))
         for key in values:
             if key not in allowed:
-                raise ValueError(f"load_params key {key!r} is not allowed; allowed keys: {', '.join(allowed)}")
+                raise ValueError(
+                    f"load_params key {key!r} is not allowed; allowed keys: {', '.join(allowed)}"
+                )
         return cls(**values)
 
 

@@ -1,0 +1,388 @@
+"""Pure builders: an RLTrainingJob in, the manifests of its children out (dicts, no I/O).
+
+A job becomes a Ray head Pod and its headless Service, k rollout-worker Pods that join the head
+with one rollout slot each, a learner Pod that runs `kuberl learner` against the head, a metrics
+Service in front of the learner, and NetworkPolicies that keep Ray's ports inside the job.
+Names and labels come from `names`; the handlers add ownerReferences with `kopf.adopt`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from kuberl.api.job import Resources, RLTrainingJob
+from kuberl.operator import names
+from kuberl.operator.names import Component
+
+#: Pod Security "restricted": non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp.
+#: The trainer image runs as uid 1000; fsGroup makes a checkpoint PVC writable by it.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+#: Environment every Ray process gets: no usage-stats phone-home (clusters are often offline).
+RAY_ENV = [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
+
+# Workers and the learner wait for the head's GCS before starting, instead of failing (and, for the
+# learner, spending a backoffLimit restart) while the head's image is still being pulled.
+_WAIT_FOR_HEAD = (
+    'until ray health-check --address="$KUBERL_RAY_ADDRESS" >/dev/null 2>&1; do '
+    'echo "waiting for the Ray head at $KUBERL_RAY_ADDRESS"; sleep 2; done'
+)
+# A Ray driver needs a raylet on its own host: the learner pod joins the cluster as a node with no
+# CPUs (so no rollout actor lands on it), then runs the learner, which connects through it.
+_LEARNER_SCRIPT = (
+    'ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats && exec kuberl learner'
+)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Operator-wide settings the builders need (from the command line)."""
+
+    trainer_image: str = names.DEFAULT_TRAINER_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    network_policies: bool = True
+
+
+# --------------------------------------------------------------------------------------------
+# Small pure helpers
+# --------------------------------------------------------------------------------------------
+
+_CPU = re.compile(r"^(?P<num>[0-9]+(\.[0-9]+)?)(?P<unit>m?)$")
+
+
+def cpu_count(resources: Resources, default: int = 1) -> int:
+    """Whole CPUs Ray should advertise for a pod: its CPU limit (else request), rounded up, at least 1.
+
+    Ray's --num-cpus takes an integer; "500m" becomes 1, "2.5" becomes 3.
+    """
+    quantity = resources.limits.get("cpu") or resources.requests.get("cpu")
+    if quantity is None:
+        return default
+    match = _CPU.match(str(quantity).strip())
+    if match is None:
+        raise ValueError(f"cannot read CPU quantity {quantity!r} (expected e.g. 2, 1.5 or 500m)")
+    value = float(match["num"]) / (1000 if match["unit"] == "m" else 1)
+    return max(1, math.ceil(value))
+
+
+def container_resources(resources: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if resources.requests:
+        out["requests"] = dict(resources.requests)
+    if resources.limits:
+        out["limits"] = dict(resources.limits)
+    return out
+
+
+def image(job: RLTrainingJob, options: BuildOptions) -> str:
+    return job.spec.image or options.trainer_image
+
+
+def metrics_port(job: RLTrainingJob) -> int:
+    """The learner's metrics port on a cluster (a spec port of 0 means the default there)."""
+    return job.spec.metrics.port or names.DEFAULT_METRICS_PORT
+
+
+def resolved_manifest(job: RLTrainingJob) -> dict[str, Any]:
+    """The job the learner receives: defaults filled in, metrics port fixed, no server metadata."""
+    manifest = job.manifest()
+    meta = manifest["metadata"]
+    manifest["metadata"] = {"name": meta["name"], "namespace": meta["namespace"]}
+    if meta.get("labels"):
+        manifest["metadata"]["labels"] = meta["labels"]
+    if job.spec.metrics.enabled:
+        manifest["spec"]["metrics"]["port"] = metrics_port(job)
+    return manifest
+
+
+def _metadata(job: RLTrainingJob, name: str, component: Component, *, epoch: int | None = None,
+              worker_index: int | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": names.labels(job.metadata.name, component, epoch=epoch, worker_index=worker_index),
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def _container(name: str, job: RLTrainingJob, options: BuildOptions, command: list[str],
+               resources: Resources, env: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image(job, options),
+        "imagePullPolicy": options.image_pull_policy,
+        "command": command,
+        "env": env,
+        "resources": container_resources(resources),
+        "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
+    }
+    container.update(extra)
+    return container
+
+
+def _shm_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    # Ray's object store lives in /dev/shm; container runtimes give it 64 MiB unless a memory
+    # emptyDir is mounted there.
+    return ({"name": "shm", "emptyDir": {"medium": "Memory"}}, {"name": "shm", "mountPath": "/dev/shm"})
+
+
+def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: list[dict[str, Any]],
+         node_selector: dict[str, str], init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        # The operator is the only restarter: it counts learner and head restarts against
+        # backoffLimit and replaces failed workers, so a failed container ends its pod.
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": dict(POD_SECURITY_CONTEXT),
+        "containers": containers,
+        "volumes": volumes,
+    }
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def _ray_address_env(job: RLTrainingJob) -> dict[str, str]:
+    return {"name": "KUBERL_RAY_ADDRESS", "value": names.ray_address(job.metadata.name, job.metadata.namespace)}
+
+
+def _wait_for_head(job: RLTrainingJob, options: BuildOptions, resources: Resources) -> dict[str, Any]:
+    return _container("wait-for-head", job, options, ["sh", "-c", _WAIT_FOR_HEAD], resources,
+                      [_ray_address_env(job), *RAY_ENV])
+
+
+# --------------------------------------------------------------------------------------------
+# Ray head
+# --------------------------------------------------------------------------------------------
+
+
+def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> dict[str, Any]:
+    """The Ray head: GCS, dashboard and client server; no CPUs, so no rollout work lands on it."""
+    head = job.spec.head
+    command = [
+        "ray", "start", "--head",
+        f"--port={names.GCS_PORT}",
+        f"--dashboard-port={names.DASHBOARD_PORT}",
+        "--dashboard-host=0.0.0.0",
+        f"--ray-client-server-port={names.CLIENT_PORT}",
+        "--num-cpus=0",
+        "--disable-usage-stats",
+        "--block",
+    ]
+    shm, shm_mount = _shm_volume()
+    container = _container(
+        "ray-head", job, options, command, head.resources, list(RAY_ENV),
+        ports=[
+            {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
+            {"name": "dashboard", "containerPort": names.DASHBOARD_PORT, "protocol": "TCP"},
+            {"name": "client", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
+        ],
+        readinessProbe={"tcpSocket": {"port": "gcs"}, "periodSeconds": 5, "failureThreshold": 3},
+        volumeMounts=[shm_mount],
+    )
+    meta = _metadata(job, names.head_pod(job.metadata.name), Component.HEAD, epoch=epoch)
+    return _pod(meta, containers=[container], volumes=[shm], node_selector=head.node_selector)
+
+
+def build_head_service(job: RLTrainingJob) -> dict[str, Any]:
+    """Headless Service selecting only the head: `<job>-head.<namespace>.svc:6379` is the Ray address."""
+    job_name = job.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.head_service(job_name), Component.HEAD),
+        "spec": {
+            "clusterIP": "None",
+            # Workers resolve the head while it is still starting (they wait for its GCS themselves).
+            "publishNotReadyAddresses": True,
+            "selector": names.selector(job_name, Component.HEAD),
+            "ports": [
+                {"name": "gcs", "port": names.GCS_PORT, "targetPort": "gcs", "protocol": "TCP"},
+                {"name": "dashboard", "port": names.DASHBOARD_PORT, "targetPort": "dashboard", "protocol": "TCP"},
+                {"name": "client", "port": names.CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout workers
+# --------------------------------------------------------------------------------------------
+
+
+def build_worker_pod(job: RLTrainingJob, options: BuildOptions, index: int, *, epoch: int = 0) -> dict[str, Any]:
+    """Rollout worker `index`: a Ray node offering one `rollout_slot`, so one rollout actor lands here."""
+    workers = job.spec.rollout_workers
+    command = [
+        "ray", "start",
+        f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}",
+        "--block",
+        f"--num-cpus={cpu_count(workers.resources)}",
+        '--resources={"rollout_slot": 1}',
+        "--disable-usage-stats",
+    ]
+    shm, shm_mount = _shm_volume()
+    container = _container("rollout-worker", job, options, command, workers.resources,
+                           [_ray_address_env(job), *RAY_ENV], volumeMounts=[shm_mount])
+    meta = _metadata(job, names.worker_pod(job.metadata.name, index), Component.ROLLOUT_WORKER,
+                     epoch=epoch, worker_index=index)
+    return _pod(meta, containers=[container], volumes=[shm], node_selector=workers.node_selector,
+                init_containers=[_wait_for_head(job, options, workers.resources)])
+
+
+# --------------------------------------------------------------------------------------------
+# Learner
+# --------------------------------------------------------------------------------------------
+
+
+def checkpoint_volume(job: RLTrainingJob) -> dict[str, Any]:
+    """The job's PVC when it names one; otherwise an emptyDir, which dies with the learner pod."""
+    volume = job.spec.checkpointing.volume
+    if volume.claim_name:
+        return {"name": "checkpoints", "persistentVolumeClaim": {"claimName": volume.claim_name}}
+    empty_dir: dict[str, Any] = {}
+    if volume.size_limit:
+        empty_dir["sizeLimit"] = volume.size_limit
+    return {"name": "checkpoints", "emptyDir": empty_dir}
+
+
+def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> dict[str, Any]:
+    """The learner: joins the head, trains, checkpoints to the volume, serves /metrics, exits 0 when done."""
+    learner = job.spec.learner
+    env = [
+        {"name": "KUBERL_JOB_SPEC", "value": json.dumps(resolved_manifest(job), separators=(",", ":"))},
+        _ray_address_env(job),
+        {"name": "KUBERL_RUN_DIR", "value": names.CHECKPOINT_MOUNT},
+        *RAY_ENV,
+    ]
+    shm, shm_mount = _shm_volume()
+    extra: dict[str, Any] = {
+        "volumeMounts": [{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT}, shm_mount],
+        # A learner that fails without a termination message leaves its last log lines in the pod's
+        # status, and the operator quotes them in the job's failure message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    annotations = None
+    if job.spec.metrics.enabled:
+        port = metrics_port(job)
+        extra["ports"] = [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+        extra["readinessProbe"] = {"httpGet": {"path": "/metrics", "port": "metrics"},
+                                   "periodSeconds": 10, "failureThreshold": 3}
+        annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
+                       "prometheus.io/path": "/metrics"}
+    container = _container("learner", job, options, ["sh", "-c", _LEARNER_SCRIPT], learner.resources, env,
+                           **extra)
+    meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
+                     annotations=annotations)
+    return _pod(meta, containers=[container], volumes=[checkpoint_volume(job), shm],
+                node_selector=learner.node_selector,
+                init_containers=[_wait_for_head(job, options, learner.resources)])
+
+
+def build_metrics_service(job: RLTrainingJob) -> dict[str, Any]:
+    """ClusterIP Service on the learner's metrics port, for a ServiceMonitor or `kubectl port-forward`."""
+    job_name = job.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.metrics_service(job_name), Component.LEARNER),
+        "spec": {
+            "selector": names.selector(job_name, Component.LEARNER),
+            "ports": [{"name": "metrics", "port": metrics_port(job), "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Network policies: no Ray port reachable from outside its job
+# --------------------------------------------------------------------------------------------
+
+
+def build_network_policies(job: RLTrainingJob) -> list[dict[str, Any]]:
+    """Ingress to every pod of the job only from the job's own pods; the learner's metrics port from anywhere.
+
+    Ray opens many ports (GCS, raylet, object manager, worker ports), so the rule is by peer, not
+    by port. `kubectl port-forward` to the dashboard still works: it does not cross the pod network.
+    """
+    job_name = job.metadata.name
+    same_job = [{"podSelector": {"matchLabels": names.selector(job_name)}}]
+    policies = [{
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, names.network_policy(job_name), Component.HEAD),
+        "spec": {
+            "podSelector": {"matchExpressions": [
+                {"key": names.JOB_NAME_LABEL, "operator": "In", "values": [job_name]},
+                {"key": names.COMPONENT_LABEL, "operator": "In",
+                 "values": [Component.HEAD.value, Component.ROLLOUT_WORKER.value]},
+            ]},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": same_job}],
+        },
+    }]
+    learner_rules: list[dict[str, Any]] = [{"from": same_job}]
+    if job.spec.metrics.enabled:
+        learner_rules.append({"ports": [{"protocol": "TCP", "port": metrics_port(job)}]})
+    policies.append({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, names.learner_network_policy(job_name), Component.LEARNER),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(job_name, Component.LEARNER)},
+            "policyTypes": ["Ingress"],
+            "ingress": learner_rules,
+        },
+    })
+    return policies
+
+
+# --------------------------------------------------------------------------------------------
+# Everything at once
+# --------------------------------------------------------------------------------------------
+
+
+def build_services(job: RLTrainingJob, options: BuildOptions) -> list[dict[str, Any]]:
+    """The non-pod children: Services and (unless turned off) NetworkPolicies."""
+    out = [build_head_service(job)]
+    if job.spec.metrics.enabled:
+        out.append(build_metrics_service(job))
+    if options.network_policies:
+        out.extend(build_network_policies(job))
+    return out
+
+
+def build_pods(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> list[dict[str, Any]]:
+    """Head, learner and k rollout workers, in that order."""
+    return [
+        build_head_pod(job, options, epoch=epoch),
+        build_learner_pod(job, options, epoch=epoch),
+        *(build_worker_pod(job, options, i, epoch=epoch) for i in range(job.spec.rollout_workers.replicas)),
+    ]
+
+
+def adopt(manifests: list[dict[str, Any]], owner: dict[str, Any]) -> list[dict[str, Any]]:
+    """Give children an ownerReference to the job (garbage-collected with it); returns them."""
+    kopf.adopt(manifests, owner=owner)
+    return manifests

@@ -1,0 +1,313 @@
+"""kopf handlers: one reconcile loop per job (a kopf daemon); job and pod events only wake it up.
+
+The loop is the single writer of the job's status. Each pass: read the job and its pods, read the
+learner's /metrics when due, let `lifecycle.plan` decide, then delete, create (if absent), write
+the status when it changed, and post the Events. Kopf's own retries are not needed: the loop
+catches API errors, counts them, and tries again after a short backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from typing import Any
+
+import aiohttp
+import kopf
+import urllib3
+from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
+from kuberl.api.load import InvalidJob, Problem, parse_job
+from kuberl.operator import builders, lifecycle, names
+from kuberl.operator import status as st_
+from kuberl.operator.lifecycle import JobMeta, Plan, PodView
+from kuberl.operator.names import Component
+from kuberl.operator.runtime import ApiError, Runtime
+
+QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements
+
+
+class JobLoop:
+    """The reconcile loop of one job."""
+
+    def __init__(self, runtime: Runtime, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter):
+        self.rt, self.body, self.logger = runtime, body, logger
+        self.name = body["metadata"]["name"]
+        self.namespace = body["metadata"]["namespace"]
+        self.uid = body["metadata"].get("uid")
+        self.key = (self.namespace, self.name)
+        self.status = self._initial_status(body.get("status"))
+        # What the API holds, so an unchanged status is not written again.
+        self.written: dict[str, Any] | None = st_.dump(self.status) if body.get("status") else None
+        self.last_scrape = -math.inf
+        self.failures = 0
+        self.api_invalid: str | None = None
+        #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
+        self.deleted: set[str] = set()
+        self._parsed: tuple[str, RLTrainingJob | None, list[Problem]] | None = None
+
+    def _initial_status(self, raw: Any) -> Any:
+        try:
+            return st_.load(raw)
+        except ValueError as err:
+            self.logger.warning(f"status is unreadable, starting from an empty one: {err}")
+            return st_.load(None)
+
+    async def run(self, stopped: kopf.DaemonStopped) -> None:
+        poke = asyncio.Event()
+        self.rt.pokes[self.key] = poke
+
+        async def wake_on_stop() -> None:
+            await stopped.wait()
+            poke.set()
+
+        stopper = asyncio.ensure_future(wake_on_stop())
+        quick = 0
+        try:
+            while not stopped:
+                poke.clear()
+                wait = await self.reconcile_once()
+                if stopped:
+                    break
+                if wait <= 0 and quick < QUICK_PASSES:
+                    quick += 1
+                    continue
+                quick = 0
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(poke.wait(), timeout=max(wait, 0.05))
+        finally:
+            stopper.cancel()
+            if self.rt.pokes.get(self.key) is poke:
+                del self.rt.pokes[self.key]
+            self.rt.seen_specs.pop(self.key, None)
+            self.rt.metrics.job_phase(self.uid or self.name, None)
+
+    async def reconcile_once(self) -> float:
+        """One pass; returns seconds until the next one is due (0: right away)."""
+        started = time.perf_counter()
+        try:
+            wait = await self._reconcile()
+            self.failures = 0
+            return wait
+        except ApiError as err:
+            self.rt.metrics.errors.labels("reconcile", f"http_{err.status}").inc()
+            self.logger.warning(f"Kubernetes API error, retrying: {err}")
+        except (urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
+            self.rt.metrics.errors.labels("reconcile", type(err).__name__).inc()
+            self.logger.warning(f"cannot reach the Kubernetes API, retrying: {err}")
+        except Exception as err:  # a bug must not stop the job's loop for good; it is logged and counted
+            self.rt.metrics.errors.labels("reconcile", type(err).__name__).inc()
+            self.logger.exception("reconcile failed, retrying")
+        finally:
+            self.rt.metrics.reconcile_duration.labels("reconcile").observe(time.perf_counter() - started)
+        self.failures += 1
+        return min(self.rt.config.reconcile_interval, 0.2 * 2 ** min(self.failures, 10))
+
+    # -- one pass -----------------------------------------------------------------------------
+
+    async def _reconcile(self) -> float:
+        body = self.body
+        if body["metadata"].get("deletionTimestamp"):
+            return self.rt.config.idle_interval  # kopf stops this loop; the children go with the job
+        spec_json = json.dumps(body.get("spec"), sort_keys=True)
+        job, problems = self._parse(body, spec_json)
+        if self.api_invalid:
+            problems = [*problems, Problem("spec", f"the API server refused a child of this job: {self.api_invalid}",
+                                           has_value=False)]
+        raw_pods = await self.rt.kube.list_pods(self.namespace, names.label_selector(self.name))
+        pods = [PodView.from_pod(pod, self.uid) for pod in raw_pods
+                if (pod.get("metadata", {}).get("labels") or {}).get(names.JOB_NAME_LABEL) == self.name]
+        report = await self._scrape(job, pods)
+        meta = JobMeta(self.name, self.namespace, self.uid, body["metadata"].get("generation"))
+        plan = lifecycle.plan(meta=meta, job=job, problems=problems, status=self.status, pods=pods,
+                              now=st_.now(), options=self.rt.config.build, report=report, deleted=self.deleted)
+        before = Phase(self.status.phase)
+        self.status = plan.status
+        created, error = await self._apply(plan, job)
+        self.deleted |= {pod.name for pod in plan.delete}
+        self.deleted -= created
+        await self._write_status()
+        self._post_events(plan)
+        self._count(plan, before)
+        self.rt.seen_specs[self.key] = spec_json
+        if plan.delete_job:
+            self.logger.info("ttlSecondsAfterFinished has passed: deleting the job")
+            await self.rt.kube.delete_job(self.namespace, self.name, self.uid)
+            return self.rt.config.idle_interval
+        if error is not None:
+            raise error
+        return self._next_wait(plan, job, pods)
+
+    def _parse(self, body: kopf.Body, spec_json: str) -> tuple[RLTrainingJob | None, list[Problem]]:
+        """Validate like `kuberl validate` (schema, then semantics); cached until the spec changes."""
+        if self._parsed is not None and self._parsed[0] == spec_json:
+            return self._parsed[1], self._parsed[2]
+        self.api_invalid = None  # a refusal by the API server was about the previous spec
+        data = {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {"name": self.name, "namespace": self.namespace,
+                         "labels": dict(body["metadata"].get("labels") or {})},
+            "spec": json.loads(spec_json),
+        }
+        job: RLTrainingJob | None
+        try:
+            # User classes (module:Class) are not in the operator's image: the learner checks those.
+            job, problems = parse_job(data, semantic=True, strict_imports=False, source=self.name), []
+        except InvalidJob as err:
+            problems = list(err.problems)
+            try:
+                job = parse_job(data, semantic=False, source=self.name)
+            except InvalidJob:
+                job = None
+        self._parsed = (spec_json, job, problems)
+        return job, problems
+
+    async def _scrape(self, job: RLTrainingJob | None, pods: list[PodView]) -> st_.LearnerReport | None:
+        if job is None or not job.spec.metrics.enabled:
+            return None
+        if time.monotonic() - self.last_scrape < self.rt.config.progress_interval:
+            return None
+        learner = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned
+                        and not pod.terminating and pod.phase == "Running"), None)
+        if learner is None:
+            return None
+        url = self.rt.config.metrics_url()(job, learner)
+        if url is None:
+            return None
+        self.last_scrape = time.monotonic()
+        try:
+            return st_.parse_learner_metrics(await self.rt.get_text(url), job_name=self.name)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+            self.rt.metrics.errors.labels("progress", type(err).__name__).inc()
+            self.logger.debug(f"cannot read the learner's progress from {url}: {err}")
+            return None
+
+    async def _apply(self, plan: Plan, job: RLTrainingJob | None) -> tuple[set[str], Exception | None]:
+        """Delete, then create-if-absent. Returns the pods that exist now among those it meant to create,
+        and the first unexpected API error (after doing the rest)."""
+        errors: list[Exception] = []
+        deletions = await asyncio.gather(*(self.rt.kube.delete_pod(self.namespace, pod.name, pod.uid)
+                                           for pod in plan.delete), return_exceptions=True)
+        for pod, result in zip(plan.delete, deletions):
+            if isinstance(result, ApiError) and result.status in (404, 409):
+                continue  # already gone, or replaced by a pod with another uid
+            if isinstance(result, Exception):
+                errors.append(result)
+        manifests = list(plan.create)
+        if plan.ensure_services and job is not None:
+            manifests = builders.build_services(job, self.rt.config.build) + manifests
+        builders.adopt(manifests, owner=self.body)
+        results = await asyncio.gather(*(self.rt.kube.create(m) for m in manifests), return_exceptions=True)
+        created: set[str] = set()
+        for manifest, result in zip(manifests, results):
+            if isinstance(result, ApiError) and result.status == 409:
+                created.add(manifest["metadata"]["name"])
+                continue  # create-if-absent: it exists (a restarted operator, or a quick second pass)
+            if isinstance(result, ApiError) and result.status == 422:
+                self.api_invalid = f"{manifest['kind']} {manifest['metadata']['name']}: {result.message}"
+                continue
+            if isinstance(result, Exception):
+                errors.append(result)
+            elif manifest["kind"] == "Pod":
+                created.add(manifest["metadata"]["name"])
+                self.rt.metrics.pods_created.labels(manifest["metadata"]["labels"][names.COMPONENT_LABEL]).inc()
+        return created, (errors[0] if errors else None)
+
+    async def _write_status(self) -> None:
+        new = st_.dump(self.status)
+        if new == self.written:
+            return
+        await self.rt.kube.patch_job_status(self.namespace, self.name, new)
+        self.written = new
+
+    def _post_events(self, plan: Plan) -> None:
+        for event in plan.events:
+            kopf.event(self.body, type=event.type, reason=event.reason, message=event.message[:1000])
+            log = self.logger.warning if event.type == "Warning" else self.logger.info
+            log(f"{event.reason}: {event.message}")
+
+    def _count(self, plan: Plan, before: Phase) -> None:
+        phase = Phase(plan.status.phase)
+        if phase != before:
+            self.rt.metrics.transitions.labels(phase.value).inc()
+        self.rt.metrics.job_phase(self.uid or self.name, phase.value)
+        for component in plan.restarts:
+            self.rt.metrics.pod_restarts.labels(component.value).inc()
+
+    def _next_wait(self, plan: Plan, job: RLTrainingJob | None, pods: list[PodView]) -> float:
+        config = self.rt.config
+        phase = Phase(plan.status.phase)
+        if plan.delete or (self.api_invalid and not phase.terminal):
+            return 0.0  # room was made (or a refusal must be reported): act on it now
+        if phase in (Phase.PENDING, Phase.STARTING, Phase.RUNNING):
+            wait = config.reconcile_interval
+            learner_running = any(pod.component == Component.LEARNER and pod.phase == "Running" for pod in pods)
+            if job is not None and job.spec.metrics.enabled and learner_running:
+                wait = min(wait, max(0.0, self.last_scrape + config.progress_interval - time.monotonic()))
+        else:
+            wait = config.idle_interval
+        if plan.wake_in is not None:
+            wait = min(wait, plan.wake_in + 0.05)
+        return wait
+
+
+# --------------------------------------------------------------------------------------------
+# kopf handlers
+# --------------------------------------------------------------------------------------------
+
+
+async def reconcile_job(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo,
+                        logger: logging.Logger, **_: Any) -> None:
+    """The job's reconcile loop, for as long as the job exists."""
+    await JobLoop(memo.runtime, body, logger).run(stopped)
+
+
+async def job_changed(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """Wake the job's loop when its spec changed or it is being deleted (its own status writes do not)."""
+    runtime: Runtime = memo.runtime
+    seen = runtime.seen_specs.get((namespace, name))
+    if body["metadata"].get("deletionTimestamp") or json.dumps(body.get("spec"), sort_keys=True) != seen:
+        runtime.poke(namespace, name)
+
+
+async def pod_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """A child pod changed (scheduled, started, ready, failed, deleted): wake its job's loop."""
+    job_name = labels.get(names.JOB_NAME_LABEL)
+    if job_name:
+        memo.runtime.poke(namespace, job_name)
+
+
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = names.FINALIZER
+    # Kopf's bookkeeping goes to annotations: the CRD's status schema has no room for it.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kuberl.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kuberl.dev", key="last-handled-configuration")
+    # Events are the lifecycle's own (kopf.event), not every log line of the handlers.
+    settings.posting.loggers = False
+
+
+async def close_runtime(memo: kopf.Memo, **_: Any) -> None:
+    await memo.runtime.close()
+
+
+def build_registry(*, login: bool = True) -> kopf.OperatorRegistry:
+    """A registry with the operator's handlers; run it with `kopf.operator(registry=..., memo=Memo(runtime=...))`."""
+    registry = kopf.OperatorRegistry()
+    kopf.on.startup(registry=registry, id="configure")(configure)
+    kopf.on.cleanup(registry=registry, id="close-runtime")(close_runtime)
+    if login:
+        kopf.on.login(registry=registry, id="login")(kopf.login_via_client)
+    kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, id="reconcile", cancellation_timeout=10.0)(reconcile_job)
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="job-changed")(job_changed)
+    kopf.on.event("", "v1", "pods", registry=registry, id="pod-changed",
+                  labels={names.MANAGED_BY_LABEL: names.OPERATOR_NAME})(pod_changed)
+    return registry
+
+
+def memo_for(runtime: Runtime) -> kopf.Memo:
+    return kopf.Memo(runtime=runtime)

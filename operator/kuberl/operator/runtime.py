@@ -1,0 +1,191 @@
+"""What every handler shares: the operator's settings, the Kubernetes clients, metrics and wake-ups.
+
+One `Runtime` lives in kopf's memo (`memo.runtime`). API calls go through the `kubernetes`
+package's synchronous client on a small thread pool, so the event loop never blocks on I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kubernetes
+from kuberl.api.job import GROUP, PLURAL, VERSION, RLTrainingJob
+from kuberl.operator import builders
+from kuberl.operator.builders import BuildOptions
+from kuberl.operator.lifecycle import PodView
+from kuberl.operator.metrics import OPERATOR_METRICS, OperatorMetrics
+
+#: Where the operator reads a learner's progress. Placeholders: {pod_ip}, {port}, {job}, {namespace},
+#: {metrics_service}. The default reads the pod directly (no DNS, works before Services resolve).
+DEFAULT_LEARNER_METRICS_URL = "http://{pod_ip}:{port}/metrics"
+
+#: Resolves a learner's metrics URL; None means "cannot scrape now" (e.g. the pod has no IP yet).
+MetricsUrlResolver = Callable[[RLTrainingJob, PodView], "str | None"]
+
+
+def url_from_template(template: str) -> MetricsUrlResolver:
+    def resolve(job: RLTrainingJob, pod: PodView) -> str | None:
+        if "{pod_ip}" in template and not pod.ip:
+            return None
+        return template.format(pod_ip=pod.ip or "", port=builders.metrics_port(job), job=job.metadata.name,
+                               namespace=job.metadata.namespace,
+                               metrics_service=f"{job.metadata.name}-metrics")
+    return resolve
+
+
+@dataclass
+class OperatorConfig:
+    """The operator's settings (the command line fills them; tests shorten the intervals)."""
+
+    build: BuildOptions = field(default_factory=BuildOptions)
+    #: Seconds between passes over an active job when nothing pokes it (pod and job events do).
+    reconcile_interval: float = 10.0
+    #: Seconds between passes over a finished or suspended job (only TTLs and edits matter then).
+    idle_interval: float = 300.0
+    #: Seconds between reads of a running learner's /metrics into status.progress.
+    progress_interval: float = 10.0
+    scrape_timeout: float = 3.0
+    learner_metrics_url: MetricsUrlResolver | str = DEFAULT_LEARNER_METRICS_URL
+    #: Threads for Kubernetes API calls (pods of many jobs are created concurrently).
+    api_threads: int = 4
+
+    def metrics_url(self) -> MetricsUrlResolver:
+        if isinstance(self.learner_metrics_url, str):
+            return url_from_template(self.learner_metrics_url)
+        return self.learner_metrics_url
+
+
+class ApiError(Exception):
+    """A Kubernetes API call failed; `.status` is the HTTP status, `.message` the server's words."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        self.status, self.reason, self.message = status, reason, message
+        super().__init__(f"HTTP {status} {reason}: {message}")
+
+
+def _api_error(err: kubernetes.client.ApiException) -> ApiError:
+    message = str(err.reason or "")
+    try:
+        message = json.loads(err.body).get("message", message)
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return ApiError(err.status or 0, str(err.reason or ""), message)
+
+
+class Kube:
+    """The handful of API calls the operator makes, returning plain dicts (camelCase, as served)."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, threads: int):
+        self.api_client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.networking = kubernetes.client.NetworkingV1Api(api_client)
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kuberl-api")
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, parse: bool = True, **kwargs: Any) -> Any:
+        """Run one API call on the thread pool; the response as a dict (parse=False: nothing, saves memory)."""
+        def call() -> Any:
+            try:
+                response = fn(*args, _preload_content=False, **kwargs)
+            except kubernetes.client.ApiException as err:
+                raise _api_error(err) from None
+            data = response.data
+            return json.loads(data) if parse and data else None
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        data = await self._call(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return list(data.get("items") or [])
+
+    async def create(self, manifest: dict[str, Any]) -> None:
+        namespace = manifest["metadata"]["namespace"]
+        kind = manifest["kind"]
+        fn = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+        }[kind]
+        await self._call(fn, namespace, manifest, parse=False)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        await self._call(self.core.delete_namespaced_pod, name, namespace, body=body, parse=False)
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
+                         PLURAL, name, {"status": status}, parse=False,
+                         _content_type="application/merge-patch+json")
+
+    async def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        await self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+                         body=body, parse=False)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.api_client.close()
+
+
+def default_api_client() -> kubernetes.client.ApiClient:
+    """In a pod: its service account; elsewhere: the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    try:
+        kubernetes.config.load_incluster_config()
+        configuration = kubernetes.client.Configuration.get_default_copy()
+    except kubernetes.config.ConfigException:
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32
+    return kubernetes.client.ApiClient(configuration)
+
+
+class Runtime:
+    """The state shared by handlers: config, API, metrics, and one wake-up event per job."""
+
+    def __init__(self, config: OperatorConfig, api_client: kubernetes.client.ApiClient | None = None,
+                 metrics: OperatorMetrics | None = None):
+        self.config = config
+        self._api_client = api_client
+        self._kube: Kube | None = None
+        self.metrics = metrics or OPERATOR_METRICS
+        self.pokes: dict[tuple[str, str], asyncio.Event] = {}
+        #: The spec each job's loop last acted on (job events poke only when it changed).
+        self.seen_specs: dict[tuple[str, str], str] = {}
+        self.http: aiohttp.ClientSession | None = None
+
+    @property
+    def kube(self) -> Kube:
+        # Created on first use, so a Runtime can be built before a kubeconfig is in place.
+        if self._kube is None:
+            self._kube = Kube(self._api_client or default_api_client(), self.config.api_threads)
+        return self._kube
+
+    def poke(self, namespace: str, name: str) -> None:
+        event = self.pokes.get((namespace, name))
+        if event is not None:
+            event.set()
+
+    async def get_text(self, url: str) -> str:
+        if self.http is None:
+            self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout))
+        async with self.http.get(url) as response:
+            response.raise_for_status()
+            return await response.text()
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
+        if self._kube is not None:
+            self._kube.close()
+            self._kube = None

@@ -1,0 +1,127 @@
+"""Status helpers: conditions in the Kubernetes shape, progress from the learner's /metrics text.
+
+The only writer of `RLTrainingJob.status` is the reconcile loop in `handlers`; it builds the new
+status with these functions and sends it only when it differs from what it last wrote.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Any
+
+from kuberl.api.job import Condition, Phase, Progress, RLTrainingJobStatus
+from prometheus_client.parser import text_string_to_metric_families
+
+#: Condition types, all present once a job has been reconciled (status "True" or "False").
+RUNNING = "Running"
+DEGRADED = "Degraded"
+COMPLETE = "Complete"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+CONDITION_TYPES = (RUNNING, DEGRADED, COMPLETE, FAILED, SUSPENDED)
+
+
+def now() -> datetime:
+    """UTC, whole seconds (Kubernetes times are RFC 3339 with second precision)."""
+    return datetime.now(timezone.utc).replace(microsecond=0)
+
+
+def get_condition(status: RLTrainingJobStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def set_condition(status: RLTrainingJobStatus, type_: str, value: bool, reason: str, message: str,
+                  *, at: datetime, generation: int | None) -> None:
+    """Set one condition; lastTransitionTime moves only when its status flips."""
+    text = "True" if value else "False"
+    old = get_condition(status, type_)
+    changed_at = old.last_transition_time if old is not None and old.status == text else at
+    new = Condition(type=type_, status=text, reason=reason, message=message,
+                    last_transition_time=changed_at, observed_generation=generation)
+    others = [c for c in status.conditions if c.type != type_]
+    # Keep a stable order (CONDITION_TYPES), so an unchanged status serialises identically.
+    merged = {c.type: c for c in [*others, new]}
+    order = [t for t in CONDITION_TYPES if t in merged] + [t for t in merged if t not in CONDITION_TYPES]
+    status.conditions = [merged[t] for t in order]
+
+
+def is_true(status: RLTrainingJobStatus, type_: str) -> bool:
+    cond = get_condition(status, type_)
+    return cond is not None and cond.status == "True"
+
+
+def dump(status: RLTrainingJobStatus) -> dict[str, Any]:
+    """The status as the API stores it (camelCase; None kept so a merge patch clears the field)."""
+    return status.model_dump(mode="json", by_alias=True)
+
+
+def load(raw: dict[str, Any] | None) -> RLTrainingJobStatus:
+    return RLTrainingJobStatus.model_validate(raw or {})
+
+
+def workers_column(ready: int, desired: int) -> str:
+    return f"{ready}/{desired}"
+
+
+# --------------------------------------------------------------------------------------------
+# Progress from the learner's metrics
+# --------------------------------------------------------------------------------------------
+
+#: Progress field <- learner metric sample name (kuberl.trainer.metrics.METRICS).
+PROGRESS_FROM_METRICS: dict[str, str] = {
+    "episodes": "kuberl_episodes_total",
+    "env_steps": "kuberl_env_steps_total",
+    "episodes_per_second": "kuberl_episodes_per_second",
+    "env_steps_per_second": "kuberl_env_steps_per_second",
+    "mean_return": "kuberl_episode_return_mean",
+    "wall_clock_seconds": "kuberl_training_wall_clock_seconds",
+    "gradient_updates": "kuberl_gradient_updates_total",
+    "iterations": "kuberl_iterations_total",
+}
+CHECKPOINT_METRIC = "kuberl_checkpoint_timestamp_seconds"
+_INTEGER_FIELDS = {"episodes", "env_steps", "gradient_updates", "iterations"}
+
+
+class LearnerReport:
+    """What one scrape of the learner's /metrics says."""
+
+    def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool):
+        self.progress = progress
+        self.last_checkpoint_time = last_checkpoint_time
+        self.finished = finished
+
+
+def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerReport:
+    """Read progress from Prometheus exposition text. Samples of another job_name are ignored.
+
+    Raises ValueError when the text is not exposition format or carries no KubeRL progress at all
+    (a wrong URL answering 200 must not zero a job's progress).
+    """
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if job_name is not None and sample.labels.get("job_name", job_name) != job_name:
+                continue
+            samples.setdefault(sample.name, sample.value)
+    if not any(name in samples for name in PROGRESS_FROM_METRICS.values()):
+        raise ValueError("no kuberl_* progress metrics in the response")
+    fields: dict[str, Any] = {}
+    for field, metric in PROGRESS_FROM_METRICS.items():
+        value = samples.get(metric)
+        if value is None or math.isnan(value) or math.isinf(value):
+            continue
+        if field in _INTEGER_FIELDS:
+            fields[field] = max(0, int(value))
+        elif field == "mean_return":
+            fields[field] = value
+        else:
+            fields[field] = max(0.0, value)
+    checkpoint = samples.get(CHECKPOINT_METRIC)
+    checkpoint_time = (datetime.fromtimestamp(checkpoint, timezone.utc).replace(microsecond=0)
+                       if checkpoint and checkpoint > 0 else None)
+    return LearnerReport(Progress(**fields), checkpoint_time, samples.get("kuberl_job_finished", 0.0) >= 1.0)
+
+
+def phase_of(status: RLTrainingJobStatus) -> Phase:
+    return Phase(status.phase)

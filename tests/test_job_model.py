@@ -1,0 +1,172 @@
+"""The job model: good files parse, every bad case is reported with its field path, value and what is
+allowed, via the real `kuberl validate` command; the committed CRD matches the model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO
+from kuberl.api.crd import crd, crd_yaml
+from kuberl.api.job import AlgorithmName, RLTrainingJob
+from kuberl.api.load import InvalidJob, load_job_text, parse_job
+
+
+def _validate(tmp_path, text: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "validate", str(path)],
+                          capture_output=True, text=True)
+
+
+def _problems(data: dict) -> list:
+    with pytest.raises(InvalidJob) as err:
+        parse_job(data)
+    return err.value.problems
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_valid(path):
+    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "validate", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok: ")
+
+
+def test_defaults_are_filled_and_camel_case_round_trips(job_dict):
+    job = parse_job(job_dict)
+    assert job.spec.algorithm.name is AlgorithmName.PPO
+    assert job.spec.algorithm.ppo.clip_coef == 0.2
+    manifest = job.manifest()
+    assert manifest["spec"]["rolloutWorkers"]["envsPerWorker"] == 8
+    assert RLTrainingJob.model_validate(manifest).spec == job.spec
+
+
+def test_unknown_algorithm_lists_the_allowed_ones(job_dict, tmp_path):
+    job_dict["spec"]["algorithm"]["name"] = "A3C"
+    proc = _validate(tmp_path, yaml.safe_dump(job_dict))
+    assert proc.returncode == 2
+    assert "spec.algorithm.name" in proc.stderr
+    assert "'A3C'" in proc.stderr
+    for allowed in ("PPO", "DQN", "BDQ", "QLearning"):
+        assert allowed in proc.stderr
+
+
+def test_negative_replicas_names_field_value_and_bound(job_dict):
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = -1
+    (p,) = _problems(job_dict)
+    assert p.path == "spec.rolloutWorkers.replicas"
+    assert p.value == -1
+    assert "greater than or equal to 1" in p.message
+
+
+def test_unknown_gymnasium_id_suggests_close_matches(job_dict, tmp_path):
+    job_dict["spec"]["environment"]["id"] = "CartPol-v1"
+    proc = _validate(tmp_path, yaml.safe_dump(job_dict))
+    assert proc.returncode == 2
+    assert "spec.environment.id" in proc.stderr and "CartPol-v1" in proc.stderr
+    assert "did you mean CartPole-v1" in proc.stderr
+
+
+def test_discrete_only_algorithm_on_continuous_actions(job_dict):
+    job_dict["spec"]["algorithm"]["name"] = "DQN"
+    job_dict["spec"]["environment"]["id"] = "Pendulum-v1"
+    (p,) = _problems(job_dict)
+    assert p.path == "spec.algorithm.name"
+    assert "DQN cannot act in Pendulum-v1's Box action space" in p.message
+    assert "supports Discrete" in p.message
+
+
+def test_yaml_syntax_error_reports_the_line(tmp_path):
+    text = "apiVersion: kuberl.dev/v1alpha1\nkind: RLTrainingJob\nmetadata:\n  name: x\nspec: [unclosed\n"
+    proc = _validate(tmp_path, text)
+    assert proc.returncode == 2
+    assert "YAML syntax error" in proc.stderr
+    assert "line 6" in proc.stderr or "line 5" in proc.stderr
+
+
+def test_wrong_api_version_and_kind_are_both_reported(job_dict):
+    job_dict["apiVersion"] = "kuberl.dev/v1"
+    job_dict["kind"] = "TrainingJob"
+    paths = {p.path: p for p in _problems(job_dict)}
+    assert "must be kuberl.dev/v1alpha1" in paths["apiVersion"].message
+    assert paths["apiVersion"].value == "kuberl.dev/v1"
+    assert "must be RLTrainingJob" in paths["kind"].message
+
+
+def test_every_problem_is_reported_at_once_with_line_numbers(job_dict):
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = 0
+    job_dict["spec"]["rolloutWorkers"]["envPerWorker"] = 4  # typo
+    job_dict["spec"]["algorithm"]["ppo"] = {"gamma": 1.5}
+    text = yaml.safe_dump(job_dict, sort_keys=False)
+    with pytest.raises(InvalidJob) as err:
+        load_job_text(text)
+    paths = {p.path: p for p in err.value.problems}
+    assert set(paths) == {"spec.rolloutWorkers.replicas", "spec.rolloutWorkers.envPerWorker",
+                          "spec.algorithm.ppo.gamma"}
+    assert "unknown field" in paths["spec.rolloutWorkers.envPerWorker"].message
+    lines = text.splitlines()
+    assert "replicas: 0" in lines[paths["spec.rolloutWorkers.replicas"].line - 1]
+    assert "gamma: 1.5" in lines[paths["spec.algorithm.ppo.gamma"].line - 1]
+
+
+def test_missing_stopping_limit_is_explained(job_dict):
+    job_dict["spec"]["stopping"] = {"targetReturn": 475}
+    (p,) = _problems(job_dict)
+    assert p.path == "spec.stopping"
+    assert "maxEpisodes, maxEnvSteps or maxWallClockSeconds" in p.message
+
+
+def test_async_collection_needs_an_off_policy_algorithm(job_dict):
+    job_dict["spec"]["collection"] = {"mode": "async"}
+    (p,) = _problems(job_dict)
+    assert "off-policy" in p.message
+
+
+def test_invalid_file_starts_nothing(job_dict, tmp_path):
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = -3
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(job_dict))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--run-dir",
+                           str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "spec.rolloutWorkers.replicas" in proc.stderr
+    assert not run_dir.exists()  # no run directory, no Ray, no checkpoint
+
+
+def test_committed_crd_matches_the_model():
+    committed = (REPO / "crds" / "rltrainingjob.yaml").read_text()
+    assert committed == crd_yaml(), "crds/rltrainingjob.yaml is stale: run `kuberl crd -o crds/rltrainingjob.yaml`"
+
+
+def test_crd_shape_and_schema_validity():
+    import kubernetes_validate
+
+    doc = crd()
+    kubernetes_validate.validate(doc, "1.32", strict=True)
+    version = doc["spec"]["versions"][0]
+    assert doc["spec"]["names"]["shortNames"] == ["rltj"]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    for name in ("Phase", "Workers", "Episodes", "Episodes/s", "Return", "Age"):
+        assert name in columns
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    replicas = spec["properties"]["rolloutWorkers"]["properties"]["replicas"]
+    assert replicas["minimum"] == 1 and replicas["default"] == 2 and replicas["description"]
+    assert spec["properties"]["algorithm"]["properties"]["name"]["enum"] == ["PPO", "DQN", "BDQ", "QLearning"]
+
+
+def test_every_spec_field_is_described():
+    def walk(node, path):
+        if "properties" in node:
+            for key, child in node["properties"].items():
+                assert child.get("description"), f"{path}.{key} has no description (kubectl explain shows it)"
+                walk(child, f"{path}.{key}")
+        if "items" in node:
+            walk(node["items"], path + "[]")
+
+    walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")

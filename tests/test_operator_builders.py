@@ -1,0 +1,228 @@
+"""The pure builders: a job in, its children's manifests out (names, labels, commands, ports, security)."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+from kuberl.api.job import RLTrainingJob
+from kuberl.api.load import parse_job
+from kuberl.operator import builders, names
+from kuberl.operator.builders import BuildOptions
+from kuberl.operator.names import Component
+from pod_security import assert_restricted, restricted_violations
+
+OPTIONS = BuildOptions(trainer_image="registry.local/kuberl-trainer:test")
+
+
+@pytest.fixture
+def job(job_dict) -> RLTrainingJob:
+    job_dict["metadata"]["namespace"] = "rl"
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = 3
+    return parse_job(job_dict)
+
+
+def owner(job: RLTrainingJob) -> dict:
+    return {"apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob",
+            "metadata": {"name": job.metadata.name, "namespace": "rl", "uid": "1234-uid", "labels": {"team": "a"}}}
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_children_names_labels_and_kinds(job):
+    pods = builders.build_pods(job, OPTIONS)
+    assert [p["metadata"]["name"] for p in pods] == [
+        "cartpole-ppo-head", "cartpole-ppo-learner",
+        "cartpole-ppo-worker-0", "cartpole-ppo-worker-1", "cartpole-ppo-worker-2"]
+    for pod, component in zip(pods, [Component.HEAD, Component.LEARNER] + [Component.ROLLOUT_WORKER] * 3):
+        labels = pod["metadata"]["labels"]
+        assert pod["metadata"]["namespace"] == "rl"
+        assert labels["app.kubernetes.io/name"] == "kuberl"
+        assert labels["app.kubernetes.io/instance"] == "cartpole-ppo"
+        assert labels["app.kubernetes.io/component"] == component.value
+        assert labels["app.kubernetes.io/managed-by"] == "kuberl-operator"
+        assert labels["app.kubernetes.io/part-of"] == "kuberl"
+        assert labels["kuberl.dev/job-name"] == "cartpole-ppo"
+        assert labels["kuberl.dev/component"] == component.value
+        assert labels["kuberl.dev/ray-epoch"] == "0"
+    assert [p["metadata"]["labels"].get("kuberl.dev/worker-index") for p in pods[2:]] == ["0", "1", "2"]
+    others = builders.build_services(job, OPTIONS)
+    assert [(m["kind"], m["metadata"]["name"]) for m in others] == [
+        ("Service", "cartpole-ppo-head"), ("Service", "cartpole-ppo-metrics"),
+        ("NetworkPolicy", "cartpole-ppo-ray"), ("NetworkPolicy", "cartpole-ppo-learner")]
+    assert [m["kind"] for m in builders.build_services(job, BuildOptions(network_policies=False))] == [
+        "Service", "Service"]
+
+
+def test_adopt_sets_owner_reference_and_keeps_our_labels(job):
+    children = builders.adopt(builders.build_pods(job, OPTIONS) + builders.build_services(job, OPTIONS), owner(job))
+    for child in children:
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob", "name": "cartpole-ppo",
+                       "uid": "1234-uid", "controller": True, "blockOwnerDeletion": True}
+        assert child["metadata"]["labels"]["team"] == "a"  # the job's own labels are inherited
+        assert child["metadata"]["labels"]["kuberl.dev/job-name"] == "cartpole-ppo"
+
+
+def test_head_pod_runs_ray_head_without_cpus_and_names_its_ports(job):
+    pod = builders.build_head_pod(job, OPTIONS, epoch=2)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "registry.local/kuberl-trainer:test"
+    assert container["command"][:3] == ["ray", "start", "--head"]
+    assert "--port=6379" in container["command"] and "--block" in container["command"]
+    assert "--num-cpus=0" in container["command"]  # no rollout work on the head
+    assert "--dashboard-host=0.0.0.0" in container["command"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "gcs": 6379, "dashboard": 8265, "client": 10001}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "gcs"}
+    assert container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert pod["metadata"]["labels"]["kuberl.dev/ray-epoch"] == "2"
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_head_service_is_headless_and_selects_only_the_head(job):
+    svc = builders.build_head_service(job)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"kuberl.dev/job-name": "cartpole-ppo", "kuberl.dev/component": "head"}
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+        ("gcs", 6379, "gcs"), ("dashboard", 8265, "dashboard"), ("client", 10001, "client")]
+
+
+def test_worker_pod_joins_the_head_with_one_rollout_slot(job_dict):
+    job_dict["spec"]["rolloutWorkers"]["resources"] = {"requests": {"cpu": "1500m"}, "limits": {"memory": "1Gi"}}
+    job_dict["spec"]["rolloutWorkers"]["nodeSelector"] = {"pool": "cpu"}
+    job = parse_job(job_dict)
+    pod = builders.build_worker_pod(job, OPTIONS, 4)
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == [
+        "ray", "start", "--address=cartpole-ppo-head.default.svc:6379", "--block", "--num-cpus=2",
+        '--resources={"rollout_slot": 1}', "--disable-usage-stats"]
+    assert json.loads(container["command"][5].split("=", 1)[1]) == {"rollout_slot": 1}
+    assert container["resources"] == {"requests": {"cpu": "1500m"}, "limits": {"memory": "1Gi"}}
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
+    (init,) = pod["spec"]["initContainers"]
+    assert init["name"] == "wait-for-head" and "ray health-check" in init["command"][2]
+    assert env_of(init)["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.default.svc:6379"
+    assert pod["metadata"]["name"] == "cartpole-ppo-worker-4"
+
+
+@pytest.mark.parametrize(("resources", "cpus"), [
+    ({}, 1), ({"requests": {"cpu": "500m"}}, 1), ({"requests": {"cpu": "2"}}, 2),
+    ({"requests": {"cpu": "1"}, "limits": {"cpu": "2.5"}}, 3), ({"limits": {"cpu": "4000m"}}, 4),
+])
+def test_ray_cpus_come_from_the_limit_else_the_request(resources, cpus):
+    from kuberl.api.job import Resources
+
+    assert builders.cpu_count(Resources.model_validate(resources)) == cpus
+
+
+def test_unreadable_cpu_quantity_is_an_error_naming_it():
+    from kuberl.api.job import Resources
+
+    with pytest.raises(ValueError, match="'two'"):
+        builders.cpu_count(Resources(requests={"cpu": "two"}))
+
+
+def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
+    pod = builders.build_learner_pod(job, OPTIONS)
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:2] == ["sh", "-c"]
+    script = container["command"][2]
+    assert script.startswith('ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0')
+    assert script.endswith("exec kuberl learner")
+    env = env_of(container)
+    assert env["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.rl.svc:6379"
+    assert env["KUBERL_RUN_DIR"] == "/checkpoints"
+    handed = parse_job(json.loads(env["KUBERL_JOB_SPEC"]))  # the learner parses it with the same model
+    assert handed.spec == job.spec
+    assert json.loads(env["KUBERL_JOB_SPEC"])["metadata"] == {"name": "cartpole-ppo", "namespace": "rl"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "8080",
+                                              "prometheus.io/path": "/metrics"}
+    assert {"name": "checkpoints", "mountPath": "/checkpoints"} in container["volumeMounts"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory"}
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_learner_uses_the_claim_the_spec_names_and_spec_image(job_dict):
+    job_dict["spec"]["checkpointing"]["volume"] = {"claimName": "rl-checkpoints"}
+    job_dict["spec"]["image"] = "my/trainer:1"
+    job_dict["spec"]["metrics"] = {"port": 0}
+    pod = builders.build_learner_pod(parse_job(job_dict), OPTIONS)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["checkpoints"] == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "rl-checkpoints"}}
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "my/trainer:1"
+    # Port 0 ("pick one") means the default on a cluster, in the pod and in the job the learner reads.
+    assert container["ports"][0]["containerPort"] == 8080
+    assert json.loads(env_of(container)["KUBERL_JOB_SPEC"])["spec"]["metrics"]["port"] == 8080
+
+
+def test_learner_without_metrics_has_no_port_probe_or_scrape_annotation(job_dict):
+    job_dict["spec"]["metrics"] = {"enabled": False}
+    job = parse_job(job_dict)
+    pod = builders.build_learner_pod(job, OPTIONS)
+    (container,) = pod["spec"]["containers"]
+    assert "ports" not in container and "readinessProbe" not in container
+    assert "annotations" not in pod["metadata"]
+    assert [m["metadata"]["name"] for m in builders.build_services(job, OPTIONS)] == [
+        "cartpole-ppo-head", "cartpole-ppo-ray", "cartpole-ppo-learner"]
+
+
+def test_every_pod_meets_pod_security_restricted(job):
+    for pod in builders.build_pods(job, OPTIONS):
+        assert restricted_violations(pod["spec"]) == []
+        assert_restricted(pod)
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_network_policies_keep_ray_ports_inside_the_job(job):
+    ray_policy, learner_policy = builders.build_network_policies(job)
+    same_job = [{"podSelector": {"matchLabels": {"kuberl.dev/job-name": "cartpole-ppo"}}}]
+    assert ray_policy["spec"]["policyTypes"] == ["Ingress"]
+    assert ray_policy["spec"]["ingress"] == [{"from": same_job}]
+    selector = {e["key"]: e["values"] for e in ray_policy["spec"]["podSelector"]["matchExpressions"]}
+    assert selector == {"kuberl.dev/job-name": ["cartpole-ppo"], "kuberl.dev/component": ["head", "rollout-worker"]}
+    assert learner_policy["spec"]["podSelector"]["matchLabels"] == {
+        "kuberl.dev/job-name": "cartpole-ppo", "kuberl.dev/component": "learner"}
+    # Ray ports from the job's pods; only the metrics port from anywhere (Prometheus, the operator).
+    assert learner_policy["spec"]["ingress"] == [{"from": same_job}, {"ports": [{"protocol": "TCP", "port": 8080}]}]
+
+
+def test_metrics_service_targets_the_learner_metrics_port(job):
+    svc = builders.build_metrics_service(job)
+    assert svc["spec"]["selector"] == {"kuberl.dev/job-name": "cartpole-ppo", "kuberl.dev/component": "learner"}
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
+    assert "clusterIP" not in svc["spec"]
+
+
+def test_all_children_validate_against_the_kubernetes_schemas(job):
+    children = builders.adopt(builders.build_pods(job, OPTIONS) + builders.build_services(job, OPTIONS), owner(job))
+    for child in children:
+        kubernetes_validate.validate(child, "1.31", strict=True)
+
+
+def test_builders_are_pure(job):
+    assert builders.build_pods(job, OPTIONS) == builders.build_pods(job, OPTIONS)
+    before = job.model_dump()
+    builders.build_pods(job, OPTIONS)
+    builders.build_services(job, OPTIONS)
+    assert job.model_dump() == before
+
+
+def test_names_fit_kubernetes_limits():
+    longest = "a" * 40  # the model caps job names at 40 characters
+    assert len(names.worker_pod(longest, 511)) <= 63
+    assert len(names.learner_network_policy(longest)) <= 63
+    assert len(names.metrics_service(longest)) <= 63

@@ -1,0 +1,517 @@
+"""The operator for real: kopf runs its handlers against the API emulator, and the tests act as the kubelet.
+
+Every test starts the emulated API server and the operator (in a thread), creates jobs the way a
+user would, sets pod phases the way a kubelet would, and asserts on what a user sees: pods,
+Services, status, conditions, Events, and `kubectl`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from kuberl.operator import rbac
+from kuberl.operator.builders import BuildOptions
+from kuberl.operator.handlers import build_registry, memo_for
+from kuberl.operator.metrics import OperatorMetrics
+from kuberl.operator.runtime import OperatorConfig, Runtime
+from kuberl.trainer.metrics import JobLabels, LearnerMetrics
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+NS = "kuberl-test"
+NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
+JOB = "cartpole-ppo"
+HEAD, LEARNER = f"{JOB}-head", f"{JOB}-learner"
+
+
+def worker(i: int) -> str:
+    return f"{JOB}-worker-{i}"
+
+
+# ---- fixtures ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch) -> Iterator[EmulatedCluster]:
+    """The emulated API server, also serving NetworkPolicies (the shared fixture does not)."""
+    import kubernetes
+
+    emulator = KubernetesApiEmulator(
+        crds=load_crds(), namespaces=["default", NS],
+        extra_resources={NETWORK_POLICIES: kmock.ResourceInfo(
+            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=ALL_VERBS,
+            shortnames={"netpol"}, categories=set(), subresources=set())})
+    with EmulatedCluster(emulator, tmp_path / "k8s", namespace=NS) as running:
+        monkeypatch.setenv("KUBECONFIG", str(running.kubeconfig))
+        monkeypatch.setenv("KUBECACHEDIR", str(running.kubecache_dir))
+        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(running.kubeconfig))
+        yield running
+    assert not emulator.internal_errors, emulator.internal_errors
+
+
+class Operator:
+    """The operator's runtime and metrics, as the test sees them."""
+
+    def __init__(self, runtime: Runtime, metrics: OperatorMetrics):
+        self.runtime, self.metrics = runtime, metrics
+
+    def sample(self, name: str, **labels: str) -> float:
+        text = generate_latest(self.metrics.registry).decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        return 0.0
+
+
+@pytest.fixture
+def start_operator(cluster) -> Callable[..., contextlib.AbstractContextManager[Operator]]:
+    @contextlib.contextmanager
+    def start(metrics: OperatorMetrics | None = None, **config: Any) -> Iterator[Operator]:
+        # Imported here: a module-level import would pre-empt pytest registering it as a plugin elsewhere.
+        from k8s_fixtures import run_kopf_in_thread
+
+        config.setdefault("reconcile_interval", 0.5)
+        config.setdefault("idle_interval", 0.5)
+        config.setdefault("progress_interval", 0.2)
+        config.setdefault("build", BuildOptions(trainer_image="kuberl-trainer:test"))
+        metrics = metrics or OperatorMetrics()
+        runtime = Runtime(OperatorConfig(**config), api_client=cluster.api_client(), metrics=metrics)
+        with run_kopf_in_thread(build_registry(login=False), namespaces=[NS], memo=memo_for(runtime)):
+            yield Operator(runtime, metrics)
+    return start
+
+
+@pytest.fixture
+def operator(start_operator) -> Iterator[Operator]:
+    with start_operator() as running:
+        yield running
+
+
+def job_manifest(job_dict: dict, *, replicas: int = 2, **spec: Any) -> dict:
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = replicas
+    job_dict["spec"].update(spec)
+    return job_dict
+
+
+# ---- helpers -----------------------------------------------------------------------------------------
+
+
+def status(cluster: EmulatedCluster, name: str = JOB) -> dict:
+    return (cluster.get("rltj", name) or {}).get("status") or {}
+
+
+def condition(cluster: EmulatedCluster, type_: str, name: str = JOB) -> dict:
+    return next((c for c in status(cluster, name).get("conditions", []) if c["type"] == type_), {})
+
+
+def wait_phase(cluster: EmulatedCluster, phase: str, name: str = JOB, timeout: float = 10) -> dict:
+    return cluster.wait_for("rltj", name, lambda obj: (obj.get("status") or {}).get("phase") == phase,
+                            timeout=timeout)["status"]
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 10, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}; last value {value!r}")
+        time.sleep(0.05)
+
+
+def pods(cluster: EmulatedCluster, job: str = JOB) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in cluster.list("pods", label_selector=f"kuberl.dev/job-name={job}")}
+
+
+def wait_pods(cluster: EmulatedCluster, names: set[str], job: str = JOB, timeout: float = 10) -> dict[str, dict]:
+    def check() -> tuple[dict[str, dict]] | None:
+        found = pods(cluster, job)
+        return (found,) if set(found) == names else None
+
+    return wait_until(check, timeout, f"pods {sorted(names)}")[0]
+
+
+def run_all(cluster: EmulatedCluster, job: str = JOB) -> None:
+    for name, pod in pods(cluster, job).items():
+        if (pod.get("status") or {}).get("phase") != "Running":
+            cluster.set_pod_phase(NS, name, "Running")
+
+
+def event_reasons(cluster: EmulatedCluster, name: str = JOB) -> list[str]:
+    return [e["reason"] for e in cluster.events(NS, involved_name=name)]
+
+
+def wait_event(cluster: EmulatedCluster, reason: str, name: str = JOB) -> dict:
+    return wait_until(lambda: next((e for e in cluster.events(NS, involved_name=name) if e["reason"] == reason),
+                                   None), what=f"Event {reason}")
+
+
+def start_running(cluster: EmulatedCluster, manifest: dict, workers: int) -> dict:
+    job = cluster.create(manifest, namespace=NS)
+    wait_pods(cluster, {HEAD, LEARNER, *(worker(i) for i in range(workers))})
+    run_all(cluster)
+    wait_phase(cluster, "Running")
+    return job
+
+
+def uids(found: dict[str, dict]) -> dict[str, str]:
+    return {name: pod["metadata"]["uid"] for name, pod in found.items()}
+
+
+# ---- create -> pods, services, status ------------------------------------------------------------------
+
+
+def test_job_becomes_k_plus_2_pods_services_and_a_status_that_follows_the_kubelet(cluster, start_operator, job_dict):
+    learner = LearnerMetrics(JobLabels(JOB, NS, "PPO", "CartPole-v1"))
+    port = learner.serve(0, addr="127.0.0.1")
+    try:
+        with start_operator(learner_metrics_url="http://127.0.0.1:{port}/metrics") as op:
+            job = cluster.create(job_manifest(job_dict, replicas=3, metrics={"port": port}), namespace=NS)
+            found = wait_pods(cluster, {HEAD, LEARNER, worker(0), worker(1), worker(2)})
+            for pod in found.values():
+                (ref,) = pod["metadata"]["ownerReferences"]
+                assert (ref["kind"], ref["name"], ref["uid"]) == ("RLTrainingJob", JOB, job["metadata"]["uid"])
+                assert pod["spec"]["containers"][0]["image"] == "kuberl-trainer:test"
+            head_svc = cluster.wait_for("services", HEAD)
+            assert head_svc["spec"]["clusterIP"] == "None"
+            assert head_svc["spec"]["selector"] == {"kuberl.dev/job-name": JOB, "kuberl.dev/component": "head"}
+            assert {p["name"] for p in head_svc["spec"]["ports"]} == {"gcs", "dashboard", "client"}
+            assert cluster.get("services", f"{JOB}-metrics")["spec"]["ports"][0]["port"] == port
+            assert {n["metadata"]["name"] for n in cluster.list(NETWORK_POLICIES)} == {f"{JOB}-ray", f"{JOB}-learner"}
+
+            st = wait_phase(cluster, "Starting")
+            assert st["workers"] == "0/3" and st["observedGeneration"] == job["metadata"]["generation"]
+            assert st["startTime"]
+            # The kubelet starts the pods one by one: Running only once every one is ready.
+            cluster.set_pod_phase(NS, HEAD, "Running")
+            cluster.set_pod_phase(NS, LEARNER, "Running")
+            cluster.set_pod_phase(NS, worker(0), "Running")
+            wait_until(lambda: status(cluster).get("workers") == "1/3")
+            assert status(cluster)["phase"] == "Starting"
+            cluster.set_pod_phase(NS, worker(1), "Running")
+            cluster.set_pod_phase(NS, worker(2), "Running")
+            st = wait_phase(cluster, "Running")
+            assert st["workers"] == "3/3"
+            assert {c["type"]: c["status"] for c in st["conditions"]} == {
+                "Running": "True", "Degraded": "False", "Complete": "False", "Failed": "False", "Suspended": "False"}
+
+            # The timer reads the learner's real /metrics into status.progress.
+            learner.inc("kuberl_episodes_total", 42)
+            learner.inc("kuberl_env_steps_total", 5000)
+            learner.set("kuberl_episodes_per_second", 3.5)
+            learner.set("kuberl_episode_return_mean", 123.0)
+            learner.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
+            progress = wait_until(lambda: (p := status(cluster).get("progress", {})).get("episodes") == 42 and p)
+            assert progress["envSteps"] == 5000 and progress["episodesPerSecond"] == 3.5
+            assert progress["meanReturn"] == 123.0
+            assert status(cluster)["lastCheckpointTime"] == "2023-11-14T22:13:20Z"
+
+            # The learner exits 0: Succeeded, head and workers cleaned up, learner and progress kept.
+            cluster.set_pod_phase(NS, LEARNER, "Succeeded")
+            st = wait_phase(cluster, "Succeeded")
+            wait_pods(cluster, {LEARNER})
+            assert st["progress"]["episodes"] == 42 and st["completionTime"]
+            assert condition(cluster, "Complete")["status"] == "True"
+            assert condition(cluster, "Running")["status"] == "False"
+            wait_event(cluster, "Succeeded")
+            assert {"Starting", "Running", "Succeeded"} <= set(event_reasons(cluster))
+            assert op.sample("kuberl_operator_child_pods_created_total", component="rollout-worker") == 3
+            assert op.sample("kuberl_operator_jobs", phase="Succeeded") == 1
+            assert op.sample("kuberl_operator_phase_transitions_total", phase="Running") == 1
+            assert op.sample("kuberl_operator_reconcile_duration_seconds_count", handler="reconcile") > 0
+    finally:
+        learner.close()
+
+
+def test_invalid_spec_fails_with_invalid_spec_and_no_pod_is_ever_created(cluster, operator, job_dict):
+    job_dict["spec"]["environment"]["id"] = "CartPole-v9000"
+    cluster.create(job_dict, namespace=NS)
+    st = wait_phase(cluster, "Failed")
+    assert st["reason"] == "InvalidSpec" and "spec.environment.id" in st["message"]
+    failed = condition(cluster, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec") and "CartPole-v9000" in failed["message"]
+    wait_event(cluster, "InvalidSpec")
+    time.sleep(0.6)  # a further pass or two
+    assert [r for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods"] == []
+    assert pods(cluster) == {}
+
+    # Fixing the spec starts the job.
+    cluster.patch("rltj", JOB, {"spec": {"environment": {"id": "CartPole-v1"}}})
+    wait_pods(cluster, {HEAD, LEARNER, worker(0), worker(1)})
+    assert wait_phase(cluster, "Starting").get("reason") is None  # cleared
+
+
+# ---- lifecycle ---------------------------------------------------------------------------------------------
+
+
+def test_scale_up_and_down(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=2), 2)
+    cluster.patch("rltj", JOB, {"spec": {"rolloutWorkers": {"replicas": 4}}})
+    wait_pods(cluster, {HEAD, LEARNER, *(worker(i) for i in range(4))})
+    wait_until(lambda: status(cluster).get("workers") == "2/4")
+    assert condition(cluster, "Degraded")["reason"] == "WorkersNotReady"
+    wait_event(cluster, "ScaledUp")
+    run_all(cluster)
+    wait_until(lambda: status(cluster).get("workers") == "4/4")
+    wait_until(lambda: condition(cluster, "Degraded").get("status") == "False")
+
+    cluster.patch("rltj", JOB, {"spec": {"rolloutWorkers": {"replicas": 1}}})
+    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
+    wait_until(lambda: status(cluster).get("workers") == "1/1")
+    assert status(cluster)["phase"] == "Running"
+    wait_event(cluster, "ScaledDown")
+
+
+def test_failed_or_deleted_worker_is_replaced_and_training_goes_on(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=2), 2)
+    before = uids(pods(cluster))
+    cluster.set_pod_phase(NS, worker(1), "Failed", exit_code=137, reason="OOMKilled")
+    replaced = wait_until(lambda: (p := pods(cluster)).get(worker(1)) and
+                          p[worker(1)]["metadata"]["uid"] != before[worker(1)] and p)
+    assert uids(replaced)[HEAD] == before[HEAD] and uids(replaced)[LEARNER] == before[LEARNER]
+    degraded = condition(cluster, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "WorkerReplaced")
+    assert "137" in degraded["message"] and status(cluster)["phase"] == "Running"
+    assert wait_event(cluster, "WorkerReplaced")["type"] == "Warning"
+    cluster.set_pod_phase(NS, worker(1), "Running")
+    wait_until(lambda: condition(cluster, "Degraded").get("status") == "False")
+
+    cluster.delete("pods", worker(0))  # disappears (e.g. its node went away)
+    wait_until(lambda: (p := pods(cluster)).get(worker(0)) and p[worker(0)]["metadata"]["uid"] != before[worker(0)])
+    assert operator.sample("kuberl_operator_child_pod_restarts_total", component="rollout-worker") == 2
+
+
+def test_learner_failure_restarts_within_backoff_limit_then_fails(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=1, backoffLimit=1), 1)
+    first = pods(cluster)[LEARNER]["metadata"]["uid"]
+    cluster.set_pod_phase(NS, LEARNER, "Failed", exit_code=1, message="CUDA error: out of memory")
+    wait_until(lambda: (p := pods(cluster)).get(LEARNER) and p[LEARNER]["metadata"]["uid"] != first)
+    st = status(cluster)
+    assert st["learnerRestarts"] == 1 and st["phase"] == "Starting"
+    event = wait_event(cluster, "LearnerRestarted")
+    assert "restart 1 of 1" in event["message"] and "emptyDir" in event["message"]
+    cluster.set_pod_phase(NS, LEARNER, "Running")
+    wait_phase(cluster, "Running")
+
+    cluster.set_pod_phase(NS, LEARNER, "Failed", exit_code=2)
+    st = wait_phase(cluster, "Failed")
+    assert st["reason"] == "BackoffLimitExceeded" and "exited with code 2" in st["message"]
+    wait_pods(cluster, {LEARNER})  # head and worker cleaned up; the failed learner kept for its logs
+    assert condition(cluster, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert operator.sample("kuberl_operator_child_pod_restarts_total", component="learner") == 1
+
+
+def test_head_failure_recreates_the_ray_cluster_never_staying_running(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=2), 2)
+    before = uids(pods(cluster))
+    cluster.set_pod_phase(NS, HEAD, "Failed", exit_code=1)
+    wait_until(lambda: status(cluster).get("headRestarts") == 1)
+    assert status(cluster)["phase"] == "Starting" and condition(cluster, "Running")["status"] == "False"
+    def recreated() -> dict[str, dict] | None:
+        found = pods(cluster)
+        return found if set(found) == set(before) and all(uids(found)[n] != before[n] for n in found) else None
+
+    after = wait_until(recreated, what="the whole Ray cluster recreated")
+    assert {pod["metadata"]["labels"]["kuberl.dev/ray-epoch"] for pod in after.values()} == {"1"}
+    wait_event(cluster, "HeadRestarted")
+    run_all(cluster)
+    wait_phase(cluster, "Running")
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=2), 2)
+    cluster.patch("rltj", JOB, {"spec": {"suspend": True}})
+    wait_phase(cluster, "Suspended")
+    wait_pods(cluster, set())
+    assert condition(cluster, "Suspended")["status"] == "True"
+    wait_event(cluster, "Suspended")
+    cluster.patch("rltj", JOB, {"spec": {"suspend": False}})
+    wait_pods(cluster, {HEAD, LEARNER, worker(0), worker(1)})
+    wait_phase(cluster, "Starting")
+    wait_event(cluster, "Resumed")
+    run_all(cluster)
+    wait_phase(cluster, "Running")
+
+
+def test_ttl_deletes_a_finished_job_and_its_children(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=1, ttlSecondsAfterFinished=1), 1)
+    cluster.set_pod_phase(NS, LEARNER, "Succeeded")
+    wait_phase(cluster, "Succeeded")
+    assert cluster.get("rltj", JOB) is not None
+    cluster.wait_for_absent("rltj", JOB, timeout=10)
+    wait_pods(cluster, set())  # garbage-collected through the ownerReferences
+    assert cluster.list("services") == []
+
+
+def test_active_deadline_fails_a_job_that_runs_too_long(cluster, operator, job_dict):
+    cluster.create(job_manifest(job_dict, replicas=1, activeDeadlineSeconds=1), namespace=NS)
+    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
+    st = wait_phase(cluster, "Failed", timeout=10)
+    assert st["reason"] == "DeadlineExceeded"
+    wait_pods(cluster, set())
+
+
+def test_restarted_operator_creates_no_duplicates_and_carries_on(cluster, start_operator, job_dict):
+    with start_operator():
+        cluster.create(job_manifest(job_dict, replicas=2), namespace=NS)
+        before = uids(wait_pods(cluster, {HEAD, LEARNER, worker(0), worker(1)}))
+        cluster.set_pod_phase(NS, HEAD, "Running")
+        wait_phase(cluster, "Starting")
+    posts_before = sum(1 for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods")
+    with start_operator():
+        time.sleep(1.0)  # a few passes of the new operator
+        assert uids(pods(cluster)) == before
+        posts = [r for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods"]
+        assert len(posts) == posts_before  # it saw every pod; it did not even try to create one
+        run_all(cluster)
+        st = wait_phase(cluster, "Running")
+        assert st["learnerRestarts"] == 0 and st["headRestarts"] == 0
+        assert uids(pods(cluster)) == before
+
+
+def test_every_request_the_operator_makes_is_allowed_by_its_rbac_rules(cluster, operator, job_dict):
+    start_running(cluster, job_manifest(job_dict, replicas=1, ttlSecondsAfterFinished=0), 1)
+    cluster.set_pod_phase(NS, worker(0), "Failed")
+    wait_until(lambda: condition(cluster, "Degraded").get("reason") == "WorkerReplaced")
+    cluster.set_pod_phase(NS, LEARNER, "Succeeded")
+    cluster.wait_for_absent("rltj", JOB)
+    allowed = {(g, r, v) for rule in rbac.RULES + rbac.CLUSTER_RULES
+               for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    verbs = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}
+    made = set()
+    for request in cluster.emulator:
+        if request.resource is None:
+            continue  # discovery
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        if request.method == "GET":
+            verb = "watch" if request.params.get("watch") in ("true", "1") else "get" if request.name else "list"
+        else:
+            verb = verbs[request.method]
+        made.add((request.resource.group, resource, verb))
+    assert made - allowed == set()
+    assert {("", "pods", "create"), ("", "pods", "delete"), ("kuberl.dev", "rltrainingjobs/status", "patch"),
+            ("kuberl.dev", "rltrainingjobs", "delete"), ("", "events", "create"),
+            ("networking.k8s.io", "networkpolicies", "create")} <= made
+
+
+# ---- kubectl ------------------------------------------------------------------------------------------------
+
+
+def test_kubectl_apply_get_wait_delete(cluster, operator, job_dict, tmp_path):
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job_manifest(job_dict, replicas=2)))
+    assert "created" in cluster.kubectl("apply", "--validate=false", "-f", str(manifest)).stdout
+    wait_pods(cluster, {HEAD, LEARNER, worker(0), worker(1)})
+
+    def kubelet() -> None:
+        time.sleep(0.3)
+        run_all(cluster)
+    threading.Thread(target=kubelet).start()
+    waited = cluster.kubectl("wait", "--for=condition=Running", f"rltj/{JOB}", "--timeout=15s").stdout
+    assert "condition met" in waited
+    table = cluster.kubectl("get", "rltj").stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "EPISODES", "EPISODES/S", "RETURN", "AGE"]
+    assert table[1].split()[:3] == [JOB, "Running", "2/2"]
+    wide = cluster.kubectl("get", "rltj", "-o", "wide").stdout.splitlines()
+    assert wide[1].split()[-3:-1] == ["PPO", "CartPole-v1"]
+    listed = cluster.kubectl("get", "pods", "-l", f"kuberl.dev/job-name={JOB}", "-o", "name").stdout.split()
+    assert sorted(listed) == sorted(f"pod/{n}" for n in (HEAD, LEARNER, worker(0), worker(1)))
+    phase = cluster.kubectl("get", "rltj", JOB, "-o", "jsonpath={.status.phase}").stdout
+    assert phase == "Running"
+
+    threading.Thread(target=lambda: (time.sleep(0.3), cluster.set_pod_phase(NS, LEARNER, "Succeeded"))).start()
+    assert "condition met" in cluster.kubectl("wait", "--for=condition=Complete", f"rltj/{JOB}",
+                                              "--timeout=15s").stdout
+    deleted = cluster.kubectl("delete", "-f", str(manifest), "--timeout=15s").stdout
+    assert f'rltrainingjob.kuberl.dev "{JOB}" deleted' in deleted
+    assert cluster.get("rltj", JOB) is None  # kopf let go of its finalizer
+    wait_pods(cluster, set())
+    events = json.loads(cluster.kubectl("get", "events", "-o", "json").stdout)["items"]
+    assert {"Starting", "Running", "Succeeded"} <= {e["reason"] for e in events}
+
+
+# ---- the command ---------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _http_get(url: str) -> str | None:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return None
+
+
+def test_kuberl_operator_command_serves_liveness_and_metrics_and_runs_jobs(cluster, job_dict):
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(sys.executable).parent / "kuberl-operator"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "kuberl.operator.main"]
+    metrics_port, liveness_port = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [*command, "--namespace", NS, "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
+         "--liveness-endpoint", f"http://127.0.0.1:{liveness_port}/healthz", "--reconcile-interval", "0.5",
+         "--trainer-image", "cli-image:1", "--log-format", "plain"],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: process.poll() is not None or _http_get(f"http://127.0.0.1:{liveness_port}/healthz"),
+                   timeout=40, what="the operator's liveness endpoint")
+        assert process.poll() is None, process.stdout.read()
+        cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+        found = wait_pods(cluster, {HEAD, LEARNER, worker(0)}, timeout=20)
+        assert found[HEAD]["spec"]["containers"][0]["image"] == "cli-image:1"
+        wait_phase(cluster, "Starting")
+        text = wait_until(lambda: (t := _http_get(f"http://127.0.0.1:{metrics_port}/metrics"))
+                          and 'kuberl_operator_jobs{phase="Starting"} 1.0' in t and t, what="operator metrics")
+        assert 'kuberl_operator_child_pods_created_total{component="rollout-worker"} 1.0' in text
+    finally:
+        process.terminate()
+        try:
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+    assert process.returncode == 0, output
+
+
+# ---- API failures ----------------------------------------------------------------------------------------------
+
+
+def test_api_errors_are_counted_and_retried(cluster, operator, job_dict):
+    cluster.emulator[f"post /api/v1/namespaces/{NS}/pods"][:3] << 500  # the first three pod creations fail
+    cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
+    assert operator.sample("kuberl_operator_errors_total", handler="reconcile", kind="http_500") >= 1
+    run_all(cluster)
+    wait_phase(cluster, "Running")
+
+
+def test_a_child_the_api_server_refuses_fails_the_job_as_invalid_spec(cluster, operator, job_dict):
+    cluster.emulator[f"post /api/v1/namespaces/{NS}/pods"] << 422
+    cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+    st = wait_phase(cluster, "Failed")
+    assert st["reason"] == "InvalidSpec" and "the API server refused" in st["message"]
+    assert pods(cluster) == {}

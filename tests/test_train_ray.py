@@ -1,0 +1,226 @@
+"""Training through real Ray: rollout actors, /metrics over HTTP, actor death, kill-and-resume, a
+multi-node Ray cluster started with `ray start`, and PPO learning CartPole."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPO
+from kuberl.api.load import parse_job
+from kuberl.trainer.run import TrainOptions, train
+from kuberl.trainer.workers import start_ray
+
+RAY_BIN = str(Path(sys.executable).with_name("ray"))
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("job_name"):
+                out[sample.name] = sample.value
+                out[sample.name + ":labels"] = sample.labels
+    return out
+
+
+def short_job(job_dict: dict, **stopping) -> dict:
+    job_dict["spec"]["stopping"] = stopping
+    job_dict["spec"]["rolloutWorkers"]["envsPerWorker"] = 4
+    job_dict["spec"]["evaluation"] = {"episodes": 4}
+    return job_dict
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    start_ray(None, local_slots=2)
+    yield
+    ray.shutdown()
+
+
+def test_ppo_with_two_workers_serves_growing_counters(local_ray, job_dict, tmp_path):
+    job = parse_job(short_job(job_dict, maxEnvSteps=12_000))
+    scrapes = []
+
+    def observe(row, loop):
+        if row["iteration"] in (2, 8):
+            scrapes.append(scrape(loop.metrics.server.server_address[1]))
+
+    result = train(job, TrainOptions(run_dir=tmp_path, workers=2, metrics_port=0, progress=False,
+                                     shutdown_ray=False, on_iteration=observe))
+    assert result.ok and result.reason == "max_env_steps"
+    first, second = scrapes
+    for name in ("kuberl_env_steps_total", "kuberl_episodes_total", "kuberl_gradient_updates_total",
+                 "kuberl_iterations_total"):
+        assert second[name] > first[name] > 0, name
+    assert second["kuberl_rollout_workers_ready"] == 2
+    assert second["kuberl_env_steps_per_second"] > 0
+    labels = second["kuberl_env_steps_total:labels"]
+    assert labels == {"job_name": "cartpole-ppo", "namespace": "default", "algorithm": "PPO",
+                      "environment": "CartPole-v1"}
+    # Each iteration collects 64 steps x 4 envs from each of the two workers.
+    assert first["kuberl_env_steps_total"] == 2 * 64 * 4 * 2
+    for name in ("metrics.jsonl", "metrics.csv", "learning_curve.png", "evaluation.json", "job.yaml"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert json.loads((tmp_path / "evaluation.json").read_text())["deterministic"]["episodes"] == 4
+
+
+def test_a_dead_rollout_actor_is_replaced_and_counted(local_ray, job_dict, tmp_path):
+    job_dict["spec"]["algorithm"] = {"name": "DQN", "dqn": {"learningStarts": 200}}
+    job = parse_job(short_job(job_dict, maxEnvSteps=6_000))
+    killed = {}
+
+    def observe(row, loop):
+        if row["iteration"] == 3:
+            victim = loop.workers.ready()[0]
+            killed["pid"] = ray.get(victim.actor.pid.remote())
+            os.kill(killed["pid"], signal.SIGKILL)
+        killed["last_ready"] = row["workers_ready"]
+
+    result = train(job, TrainOptions(run_dir=tmp_path, workers=2, metrics_port=0, progress=False,
+                                     shutdown_ray=False, on_iteration=observe))
+    assert killed["pid"]
+    assert result.ok and result.reason == "max_env_steps"
+    assert result.counters.worker_restarts >= 1
+    assert killed["last_ready"] == 2  # the replacement joined and training went on with both
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_kill_after_first_checkpoint_then_resume_continues_counters(job_dict, tmp_path):
+    if ray.is_initialized():
+        ray.shutdown()
+    job_dict["spec"]["checkpointing"] = {"intervalIterations": 3, "intervalSeconds": None, "keepLast": 2}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=2_000_000)))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--run-dir",
+                             str(run_dir), "--workers", "2", "--metrics-port", "0", "--no-progress"],
+                            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: list((run_dir / "checkpoints").glob("ckpt-*.pt")), 120, "the first checkpoint")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole training process group, Ray included
+        proc.wait()
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    import torch
+
+    newest = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))[-1]
+    saved = torch.load(newest, weights_only=True)["counters"]
+    assert saved["iterations"] >= 3 and rows[-1]["iteration"] >= saved["iterations"]
+
+    job = parse_job(yaml.safe_load(path.read_text()))
+    job.spec.stopping.max_env_steps = saved["env_steps"] + 4_096
+    seen = []
+
+    def observe(row, loop):
+        if not seen:
+            seen.append((row, scrape(loop.metrics.server.server_address[1])))
+
+    result = train(job, TrainOptions(run_dir=run_dir, resume=True, workers=2, metrics_port=0, progress=False,
+                                     on_iteration=observe))
+    row, metrics = seen[0]
+    assert row["iteration"] == saved["iterations"] + 1
+    assert row["env_steps"] == saved["env_steps"] + 64 * 4 * 2  # one iteration of two workers
+    assert row["episodes"] >= saved["episodes"]
+    assert metrics["kuberl_env_steps_total"] == row["env_steps"]  # the Prometheus counter continued
+    assert metrics["kuberl_iterations_total"] == row["iteration"]
+    assert result.counters.env_steps >= saved["env_steps"] + 4_096
+    assert result.counters.wall_clock > saved["wall_clock"]
+
+
+def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp_path):
+    """The learner-pod path: `ray start --head`, two worker nodes with one rollout slot each, and
+    `kuberl train --ray-address` joining them (token authentication on, as a cluster should run)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.urandom(16).hex())
+    common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    nodes = [subprocess.Popen([RAY_BIN, "start", "--head", f"--port={port}", "--num-cpus=0",
+                               "--include-dashboard=false", "--object-store-memory=100000000", *common],
+                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=8_000)))
+    probe = (f"import ray; ray.init(address='127.0.0.1:{port}', logging_level='ERROR');"
+             "print(int(ray.cluster_resources().get('rollout_slot', 0)))")
+
+    def slots() -> int | None:
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+        return int(out.stdout.split()[-1]) if out.returncode == 0 and out.stdout.strip() else None
+
+    try:
+        # Worker nodes need a live head to join (the operator's worker pods wait for it the same way).
+        _wait_for(lambda: slots() is not None, 120, "the Ray head")
+        worker_cmd = [RAY_BIN, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+                      "--object-store-memory=100000000", '--resources={"rollout_slot": 1}', *common]
+        workers = [None, None]
+
+        def workers_joined() -> bool:
+            # A `ray start` that raced the head's start-up exits; start it again, as a pod restart would.
+            for i, node in enumerate(workers):
+                if node is None or node.poll() is not None:
+                    workers[i] = subprocess.Popen(worker_cmd, env=env, start_new_session=True,
+                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    nodes.append(workers[i])
+            return slots() == 2
+
+        _wait_for(workers_joined, 180, "two worker nodes with a rollout slot each")
+        proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--ray-address",
+                               f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
+                               "--no-progress"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["env_steps"] >= 8_000
+        # Both slots were used, each actor on its own node (the head offers no slot and no CPU).
+        assert max(r["workers_ready"] for r in rows) == 2
+        assert rows[-1]["workers_ready"] == 2 and rows[-1]["worker_nodes"] == 2
+    finally:
+        for node in reversed(nodes):
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGTERM)
+        for node in nodes:
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait()
+
+
+@pytest.mark.slow
+def test_ppo_learns_cartpole(job_dict, tmp_path):
+    if ray.is_initialized():
+        ray.shutdown()
+    job_dict["spec"]["stopping"] = {"targetReturn": 195, "returnWindow": 100, "maxEnvSteps": 150_000}
+    job_dict["spec"]["evaluation"] = {"episodes": 20}
+    result = train(parse_job(job_dict), TrainOptions(run_dir=tmp_path, workers=2, metrics_port=0, progress=False))
+    assert result.reason == "target_return", f"mean return {result.mean_return} after {result.counters.env_steps} steps"
+    assert result.mean_return >= 195
+    assert result.evaluation["deterministic"]["mean_return"] >= 195

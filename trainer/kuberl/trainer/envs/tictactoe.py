@@ -1,0 +1,345 @@
+"""Tic-Tac-Toe against a built-in opponent (uniform random, a frozen copy of the learner, or a mix).
+
+Observation: float32 Box of 18, two planes seen from the side to move: cells 0-8 hold 1.0 where the
+agent has a mark, cells 9-17 where the opponent has one (cell = 3 * row + col). Action: Discrete(9),
+the cell to mark. Reward: +1 win, 0 draw, -1 loss, given on the final step.
+
+Illegal moves are never played: `info["action_mask"]` (bool, 9) and `action_masks()` say which
+cells are free, and an action on an occupied cell ends the episode at once with
+`illegal_move_reward` (default -1, the same as a loss) and `info["illegal_move"] = True`, leaving
+the board as it was. Ending rather than ignoring the move keeps every step a real move, so a learner
+that ignores the mask sees the cost instead of a silent no-op.
+
+Pure-python helpers for evaluation: `winner`, `legal_moves`, `play_game`, `evaluate_vs_random`,
+`evaluate_self_play`. A policy is a callable `policy(obs, mask) -> cell` seeing the board from the
+side it plays, exactly as the env's opponent and a learner's frozen copy do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+Policy = Callable[[np.ndarray, np.ndarray], Any]
+
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+_LINES_THROUGH = tuple(tuple(line for line in LINES if cell in line) for cell in range(9))
+OPPONENTS = ("random", "self", "mix")
+AGENT_FIRST_VALUES = (True, False, "alternate", "random")
+OBS_SIZE = 18
+
+
+def _config_from_kwargs(cls, kwargs: Mapping[str, Any]):
+    allowed = tuple(f.name for f in dataclasses.fields(cls))
+    for key in kwargs:
+        if key not in allowed:
+            raise ValueError(f"env kwarg {key!r} is not allowed; allowed kwargs: {', '.join(allowed)}")
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class TicTacToeConfig:
+    """Keyword arguments of kuberl/TicTacToe-v0."""
+
+    opponent: str = "random"
+    """"random": uniform over free cells; "self": the policy installed with set_opponent_policy
+    (uniform random until one is installed, reported as info["opponent_fallback"]); "mix": self
+    with probability opponent_mix, drawn per episode."""
+    opponent_mix: float = 0.5
+    """With opponent="mix": chance that an episode is played against the installed policy."""
+    agent_first: bool | str = True
+    """true: the agent plays X and moves first; false: it plays O; "alternate": X on the first
+    episode after a seeded reset, then O, X, ...; "random": drawn per episode."""
+    illegal_move_reward: float = -1.0
+    """Reward for marking an occupied cell, which ends the episode."""
+
+    def __post_init__(self) -> None:
+        if self.opponent not in OPPONENTS:
+            raise ValueError(
+                f"opponent={self.opponent!r} is not allowed; allowed values: {', '.join(OPPONENTS)}"
+            )
+        if (
+            isinstance(self.opponent_mix, bool)
+            or not isinstance(self.opponent_mix, (int, float))
+            or not (0.0 <= self.opponent_mix <= 1.0)
+        ):
+            raise ValueError(f"opponent_mix={self.opponent_mix!r}: must be a number within [0, 1]")
+        if not any(
+            self.agent_first is v if isinstance(v, bool) else self.agent_first == v
+            for v in AGENT_FIRST_VALUES
+        ):
+            raise ValueError(
+                f"agent_first={self.agent_first!r} is not allowed; allowed values: true, false, alternate, random"
+            )
+        if isinstance(self.illegal_move_reward, bool) or not isinstance(
+            self.illegal_move_reward, (int, float)
+        ):
+            raise ValueError(f"illegal_move_reward={self.illegal_move_reward!r}: must be a number")  # noqa: TRY004
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> TicTacToeConfig:
+        """Build from env kwargs; an unknown name or a bad value raises ValueError naming it."""
+        return _config_from_kwargs(cls, kwargs)
+
+
+# --- pure helpers ------------------------------------------------------------------------------
+
+
+def winner(board: Sequence[int]) -> int | None:
+    """+1 if X (1) has a line, -1 if O (-1) has one, 0 for a full board without one (a draw),
+    None while the game goes on. `board` is 9 cells of 1 / -1 / 0 (empty)."""
+    cells = [int(c) for c in board]
+    for a, b, c in LINES:
+        if cells[a] != 0 and cells[a] == cells[b] == cells[c]:
+            return cells[a]
+    return 0 if all(cells) else None
+
+
+def legal_moves(board: Sequence[int]) -> list[int]:
+    """Free cells of a 9-cell board, in increasing order."""
+    return [i for i in range(9) if int(board[i]) == 0]
+
+
+def encode(board: Sequence[int], side: int) -> np.ndarray:
+    """The env's observation of `board` for the player marking `side` (1 for X, -1 for O)."""
+    obs = np.zeros(OBS_SIZE, dtype=np.float32)
+    for i in range(9):
+        if board[i] == side:
+            obs[i] = 1.0
+        elif board[i] == -side:
+            obs[9 + i] = 1.0
+    return obs
+
+
+def _completes_line(board: list[int], cell: int, side: int) -> bool:
+    for a, b, c in _LINES_THROUGH[cell]:
+        if board[a] == side and board[b] == side and board[c] == side:
+            return True
+    return False
+
+
+class RandomMovePolicy:
+    """Uniform over the cells the mask allows; reproducible under `seed`."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        return self._rng.choice(np.flatnonzero(mask).tolist())
+
+
+def play_game(policy_x: Policy | None, policy_o: Policy | None, rng: random.Random | None = None) -> int:
+    """Play one game, X first; returns +1 (X wins), 0 (draw) or -1 (O wins).
+
+    A policy of None plays uniformly at random with `rng` (a `random.Random` or a numpy Generator).
+    A policy that picks an occupied cell raises ValueError: evaluation reports what a policy does
+    when it respects the mask, and a policy that does not is a bug to surface.
+    """
+    if (policy_x is None or policy_o is None) and rng is None:
+        raise ValueError("rng is required when policy_x or policy_o is None (uniform random)")
+    board = [0] * 9
+    side = 1
+    for _ in range(9):
+        policy = policy_x if side == 1 else policy_o
+        free = [i for i in range(9) if board[i] == 0]
+        if policy is None:
+            cell = (
+                free[int(rng.integers(len(free)))]
+                if isinstance(rng, np.random.Generator)
+                else rng.choice(free)
+            )
+        else:
+            mask = np.zeros(9, dtype=bool)
+            mask[free] = True
+            cell = int(policy(encode(board, side), mask))
+            if not (0 <= cell <= 8 and board[cell] == 0):
+                name = "policy_x" if side == 1 else "policy_o"
+                raise ValueError(f"{name} chose cell {cell}, which is not free; free cells: {free}")
+        board[cell] = side
+        if _completes_line(board, cell, side):
+            return side
+        side = -side
+    return 0
+
+
+def evaluate_vs_random(
+    policy: Policy, games: int = 1000, agent_first: bool = True, seed: int = 0
+) -> dict[str, int]:
+    """Counts {"win", "draw", "loss"} of `policy` against a uniform-random opponent, from the policy's side."""
+    opponent = RandomMovePolicy(seed)
+    counts = {"win": 0, "draw": 0, "loss": 0}
+    for _ in range(games):
+        result = play_game(policy, opponent) if agent_first else -play_game(opponent, policy)
+        counts["win" if result > 0 else "loss" if result < 0 else "draw"] += 1
+    return counts
+
+
+def evaluate_self_play(policy: Policy, games: int = 1000) -> dict[str, int]:
+    """Counts {"x_win", "draw", "o_win"} of `policy` playing both sides (a greedy policy plays the same game each time)."""
+    counts = {"x_win": 0, "draw": 0, "o_win": 0}
+    for _ in range(games):
+        result = play_game(policy, policy)
+        counts["x_win" if result > 0 else "o_win" if result < 0 else "draw"] += 1
+    return counts
+
+
+# --- the environment --------------------------------------------------------------------------
+
+
+class TicTacToeEnv(gym.Env):
+    """kuberl/TicTacToe-v0: the agent plays one side against the configured opponent."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **kwargs: Any) -> None:
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode={render_mode!r} is not allowed; allowed values: None, ansi")
+        self.render_mode = render_mode
+        self.config = TicTacToeConfig.from_kwargs(kwargs)
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(OBS_SIZE,), dtype=np.float32)
+        self.action_space = spaces.Discrete(9)
+        self._opponent_policy: Policy | None = None
+        self._rng: random.Random | None = None
+        self._episode = 0
+        # Board from the agent's side: 1 agent, -1 opponent, 0 free. Observation and mask are kept
+        # in step with it so a step costs two array writes and two copies, not a re-encoding.
+        self._board = [0] * 9
+        self._obs = np.zeros(OBS_SIZE, dtype=np.float32)
+        self._mask = np.ones(9, dtype=bool)
+        self._free = 9
+        self._done = True
+        self._agent_first = True
+        self._opponent_kind = "random"
+        self._fallback = False
+
+    # --- public API -----------------------------------------------------------------------------
+
+    def set_opponent_policy(self, policy: Policy | None) -> None:
+        """Install the policy the "self" opponent plays, `policy(obs, mask) -> cell`, called with one
+        observation (18,) from the opponent's side and its mask (9,); None uninstalls it. Takes
+        effect from the next move."""
+        self._opponent_policy = policy
+
+    def action_masks(self) -> np.ndarray:
+        """Free cells (bool, 9) of the current board."""
+        return self._mask.copy()
+
+    @property
+    def board(self) -> list[int]:
+        """The board with X = 1, O = -1, 0 free (the helpers' convention)."""
+        sign = 1 if self._agent_first else -1
+        return [sign * c for c in self._board]
+
+    # --- gymnasium --------------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None or self._rng is None:
+            # A stdlib generator seeded from np_random: several times faster per draw than numpy.
+            self._rng = random.Random(int(self.np_random.integers(2**63)))
+            self._episode = 0
+        cfg = self.config
+        rng = self._rng
+        if cfg.agent_first == "alternate":
+            self._agent_first = self._episode % 2 == 0
+        elif cfg.agent_first == "random":
+            self._agent_first = rng.random() < 0.5
+        else:
+            self._agent_first = bool(cfg.agent_first)
+        wants_self = cfg.opponent == "self" or (cfg.opponent == "mix" and rng.random() < cfg.opponent_mix)
+        self._fallback = wants_self and self._opponent_policy is None
+        self._opponent_kind = "self" if wants_self and not self._fallback else "random"
+        self._episode += 1
+
+        self._board = [0] * 9
+        self._obs[:] = 0.0
+        self._mask[:] = True
+        self._free = 9
+        self._done = False
+        if not self._agent_first:
+            self._opponent_move()
+        return self._obs.copy(), self._reset_info()
+
+    def step(self, action):
+        if self._done:
+            raise RuntimeError("step() called on a finished game; call reset()")
+        cell = int(action)
+        if not 0 <= cell <= 8:
+            raise ValueError(f"action={action!r} is not allowed; allowed values: 0-8 (the cell to mark)")
+        if self._board[cell] != 0:
+            self._done = True
+            return (
+                self._obs.copy(),
+                float(self.config.illegal_move_reward),
+                True,
+                False,
+                self._info(True, "illegal"),
+            )
+        self._place(cell, 1)
+        if _completes_line(self._board, cell, 1):
+            return self._finish(1.0, "win")
+        if self._free == 0:
+            return self._finish(0.0, "draw")
+        reply = self._opponent_move()
+        if _completes_line(self._board, reply, -1):
+            return self._finish(-1.0, "loss")
+        if self._free == 0:
+            return self._finish(0.0, "draw")
+        return self._obs.copy(), 0.0, False, False, self._info(False, "")
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        symbols = {1: "X", -1: "O", 0: "."}
+        board = self.board
+        return "\n".join("".join(symbols[board[3 * r + c]] for c in range(3)) for r in range(3))
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _place(self, cell: int, who: int) -> None:
+        self._board[cell] = who
+        self._obs[cell if who == 1 else 9 + cell] = 1.0
+        self._mask[cell] = False
+        self._free -= 1
+
+    def _opponent_move(self) -> int:
+        if self._opponent_kind == "self":
+            opponent_obs = np.concatenate((self._obs[9:], self._obs[:9]))
+            cell = int(self._opponent_policy(opponent_obs, self._mask.copy()))
+            if not (0 <= cell <= 8 and self._board[cell] == 0):
+                raise RuntimeError(
+                    f"the installed opponent policy chose cell {cell}, which is not free; "
+                    f"free cells: {np.flatnonzero(self._mask).tolist()} (it must respect the mask)"
+                )
+        else:
+            board = self._board
+            cell = self._rng.choice([i for i in range(9) if board[i] == 0])
+        self._place(cell, -1)
+        return cell
+
+    def _finish(self, reward: float, outcome: str):
+        self._done = True
+        return self._obs.copy(), reward, True, False, self._info(False, outcome)
+
+    def _info(self, illegal: bool, outcome: str) -> dict[str, Any]:
+        return {
+            "action_mask": self._mask.copy(),
+            "illegal_move": illegal,
+            "outcome": outcome,  # "" while the game goes on; "win", "draw", "loss" or "illegal" at its end
+            "opponent": self._opponent_kind,
+        }
+
+    def _reset_info(self) -> dict[str, Any]:
+        return {
+            "action_mask": self._mask.copy(),
+            "agent_first": self._agent_first,
+            "opponent": self._opponent_kind,  # "random" or "self": who plays this episode
+            "opponent_fallback": self._fallback,  # "self" was drawn but no policy is installed
+        }
