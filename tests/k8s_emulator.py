@@ -64,6 +64,12 @@ DEFAULT_CRD_PATH = REPO_ROOT / "crds" / "rltrainingjob.yaml"
 # --------------------------------------------------------------------------------------------------
 
 ALL_VERBS = frozenset({"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"})
+
+
+def _parse_bool(value: str | None) -> bool:
+    """Query booleans as the API server reads them (Go's strconv.ParseBool): older python clients send
+    `watch=True`."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
 SUBRESOURCE_VERBS = ("get", "patch", "update")
 
 NAMESPACES = kmock.resource("", "v1", "namespaces")
@@ -699,7 +705,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         action = None
         if resource is not None:
             method = raw.method.upper()
-            if method == "GET" and raw.query.get("watch") in ("true", "1"):
+            if method == "GET" and _parse_bool(raw.query.get("watch")):
                 action = kmock.action.WATCH
             elif method == "GET":
                 action = kmock.action.LIST if name is None else kmock.action.FETCH
@@ -838,7 +844,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if since not in ("", "0") and not since.isdigit():
             raise _bad_request(f"invalid resourceVersion: {since!r}")
         timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
-        initial_events = params.get("sendInitialEvents") == "true"
+        initial_events = _parse_bool(params.get("sendInitialEvents"))
 
         # The starting point is chosen without an await in between, so nothing slips through:
         # either a snapshot of the current objects and the log's end, or the log after `since`.

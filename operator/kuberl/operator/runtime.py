@@ -122,8 +122,7 @@ class Kube:
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
-                         PLURAL, name, {"status": status}, parse=False,
-                         _content_type="application/merge-patch+json")
+                         PLURAL, name, {"status": status}, parse=False)  # the client sends merge-patch
 
     async def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
