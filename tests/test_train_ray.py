@@ -98,6 +98,15 @@ def test_a_dead_rollout_actor_is_replaced_and_counted(local_ray, job_dict, tmp_p
     assert killed["last_ready"] == 2  # the replacement joined and training went on with both
 
 
+def test_a_users_module_class_environment_trains(local_ray, job_dict, tmp_path):
+    job_dict["spec"]["environment"] = {"id": "user_envs:Corridor", "kwargs": {"length": 4}, "maxEpisodeSteps": 50}
+    job = parse_job(short_job(job_dict, maxEnvSteps=20_000, targetReturn=0.95, returnWindow=20))
+    result = train(job, TrainOptions(run_dir=tmp_path, workers=2, metrics_port=0, progress=False,
+                                     shutdown_ray=False))
+    assert result.ok
+    assert result.evaluation["deterministic"]["mean_return"] == pytest.approx(1.0 - 3 * 0.01)  # 4 steps right
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,34 +178,39 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
                               env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=8_000)))
-    probe = (f"import ray; ray.init(address='127.0.0.1:{port}', logging_level='ERROR');"
-             "print(int(ray.cluster_resources().get('rollout_slot', 0)))")
 
-    def slots() -> int | None:
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-        return int(out.stdout.split()[-1]) if out.returncode == 0 and out.stdout.strip() else None
+    def head_listening() -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex(("127.0.0.1", port)) == 0
 
     try:
         # Worker nodes need a live head to join (the operator's worker pods wait for it the same way).
-        _wait_for(lambda: slots() is not None, 120, "the Ray head")
+        _wait_for(head_listening, 120, "the Ray head")
         worker_cmd = [RAY_BIN, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
                       "--object-store-memory=100000000", '--resources={"rollout_slot": 1}', *common]
         workers = [None, None]
 
-        def workers_joined() -> bool:
+        def keep_workers_up() -> None:
             # A `ray start` that raced the head's start-up exits; start it again, as a pod restart would.
             for i, node in enumerate(workers):
                 if node is None or node.poll() is not None:
                     workers[i] = subprocess.Popen(worker_cmd, env=env, start_new_session=True,
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     nodes.append(workers[i])
-            return slots() == 2
 
-        _wait_for(workers_joined, 180, "two worker nodes with a rollout slot each")
-        proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--ray-address",
-                               f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
-                               "--no-progress"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        keep_workers_up()
+        # The learner waits (up to a minute) for as many rollout slots as the spec's replicas.
+        learner = subprocess.Popen([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--ray-address",
+                                    f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
+                                    "--no-progress"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                                   stderr=(tmp_path / "learner.log").open("w"), start_new_session=True)
+        nodes.append(learner)
+        deadline = time.monotonic() + 300
+        while learner.poll() is None and time.monotonic() < deadline:
+            keep_workers_up()
+            time.sleep(0.5)
+        assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
         rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         assert rows[-1]["env_steps"] >= 8_000
         # Both slots were used, each actor on its own node (the head offers no slot and no CPU).

@@ -360,6 +360,13 @@ class EvaluationSuite(_Model):
     baseline: Literal["random", "threshold"] | None = Field(
         default=None, description="Baseline policy, for kind=baseline."
     )
+    baseline_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Baseline settings, for kind=baseline. threshold: upper and lower utilisation (and "
+        "tier, priority on kuberl/AutoscalingMulti-v0); those left out are grid-searched on "
+        "tuning_episodes (default 5) seeds after the evaluation seeds. random: seed.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
     episodes: int = Field(default=100, ge=1, le=1_000_000, description="Episodes or games.")
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict,

@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from kuberl.trainer.policy import ActorCriticPolicy, QPolicy
+from kuberl.trainer.selfplay import attach_self_play
 from kuberl.trainer.spaces import flatten_obs, space_info
 
 
@@ -66,6 +67,7 @@ class RolloutWorker:
         self.node = _ray_node_id()
         self._last_end: float | None = None  # end of the previous sample call: the gap is time spent waiting
         self.hooks: list = []  # callables(worker) run after weights change (e.g. self-play opponent refresh)
+        self.self_play_opponent = attach_self_play(self)  # None unless a two-player env asks for self-play
 
     def _make_policy(self, cfg: dict[str, Any]):
         kind = cfg["kind"]
@@ -91,6 +93,10 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def run(self, fn, *args: Any) -> Any:
+        """`fn(self, *args)` here: scenario code that needs this worker's policy (evaluation games)."""
+        return fn(self, *args)
 
     def ping(self) -> int:
         return self.worker_index

@@ -183,7 +183,8 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
         "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
     }
-    workers = WorkerSet(worker_args, None if cluster else replicas, cluster, spec.seed + 17 * counters.iterations)
+    workers = WorkerSet(worker_args, None if cluster else replicas, cluster, spec.seed + 17 * counters.iterations,
+                        expected=replicas)
     loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
     try:
         workers.reconcile(wait_for_all=60.0)

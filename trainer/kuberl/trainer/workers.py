@@ -70,9 +70,11 @@ class WorkerHandle:
 class WorkerSet:
     """Keeps one rollout actor per rollout slot alive; counts replacements."""
 
-    def __init__(self, make_args: dict[str, Any], desired: int | None, cluster: bool, seed: int):
+    def __init__(self, make_args: dict[str, Any], desired: int | None, cluster: bool, seed: int,
+                 expected: int = 1):
         self.make_args = make_args
         self.fixed_desired = desired
+        self.expected = expected  # what the spec asks for: at start, a cluster waits a while for that many slots
         self.cluster = cluster
         self.seed = seed
         self.workers: dict[int, WorkerHandle] = {}
@@ -119,7 +121,8 @@ class WorkerSet:
                         log.warning("rollout worker %d failed to start: %s", handle.index, err)
                         self.replace(handle.index)
             ready = len(self.ready())
-            if (want == 0 or ready < want) and time.monotonic() < all_deadline:
+            if (want == 0 or ready < max(want, self.expected if wait_for_all else 0)) \
+                    and time.monotonic() < all_deadline:
                 time.sleep(0.05)
                 continue
             if ready or not wait_for_one:

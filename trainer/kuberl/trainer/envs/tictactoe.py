@@ -54,6 +54,10 @@ class TicTacToeConfig:
     with probability opponent_mix, drawn per episode."""
     opponent_mix: float = 0.5
     """With opponent="mix": chance that an episode is played against the installed policy."""
+    opponent_refresh_updates: int = 100
+    """Self-play in training ("self" or "mix"): each rollout worker installs a greedy copy of its
+    current policy as the opponent and replaces it once the learner's weights are this many
+    gradient updates newer; 0 replaces it on every weights change."""
     agent_first: bool | str = True
     """true: the agent plays X and moves first; false: it plays O; "alternate": X on the first
     episode after a seeded reset, then O, X, ...; "random": drawn per episode."""
@@ -71,6 +75,14 @@ class TicTacToeConfig:
             or not (0.0 <= self.opponent_mix <= 1.0)
         ):
             raise ValueError(f"opponent_mix={self.opponent_mix!r}: must be a number within [0, 1]")
+        if (
+            isinstance(self.opponent_refresh_updates, bool)
+            or not isinstance(self.opponent_refresh_updates, int)
+            or self.opponent_refresh_updates < 0
+        ):
+            raise ValueError(
+                f"opponent_refresh_updates={self.opponent_refresh_updates!r}: must be an integer >= 0"
+            )
         if not any(
             self.agent_first is v if isinstance(v, bool) else self.agent_first == v
             for v in AGENT_FIRST_VALUES

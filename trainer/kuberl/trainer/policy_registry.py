@@ -1,0 +1,175 @@
+"""Acting policies beyond PPO and DQN, built by rollout workers from an algorithm's `policy_config()`.
+
+`BranchingQPolicy` runs BDQ's network in numpy (epsilon-greedy per action branch); `TabularQPolicy`
+reads a Q-table through the `Discretiser` the tabular learner uses too. numpy only, like policy.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kuberl.trainer.policy import Params, masked_argmax, mlp, random_legal
+from kuberl.trainer.spaces import SpaceInfo
+
+#: Largest Q-table (states x actions) the tabular learner allocates: 80 MB of float64.
+MAX_TABLE_ENTRIES = 10_000_000
+
+
+def make_policy(info: SpaceInfo, cfg: dict[str, Any], obs_space: Any = None):
+    """The acting policy for `cfg["kind"]` (everything but "ppo" and "dqn", which policy.py builds)."""
+    kind = cfg["kind"]
+    if kind == "bdq":
+        return BranchingQPolicy(info, cfg)
+    if kind == "tabular":
+        return TabularQPolicy(info, cfg)
+    raise ValueError(f"policy kind {kind!r} is unknown; known kinds: ppo, dqn, bdq, tabular")
+
+
+class BranchingQPolicy:
+    """BDQ's acting half: per-part encoders, trunk, value head and one advantage branch per action
+    dimension; each branch takes its own argmax, and explores on its own with probability epsilon."""
+
+    kind = "bdq"
+
+    def __init__(self, info: SpaceInfo, cfg: dict[str, Any]):
+        self.info = info
+        self.parts = [(key, int(width)) for key, width in cfg["parts"]]
+        self.trunk_layers = int(cfg["trunk_layers"])
+        self.activation = cfg["activation"]
+        self.branches = [int(n) for n in cfg["branches"]]
+        self.params: Params = {}
+
+    def load(self, params: Params) -> None:
+        self.params = params
+
+    def q_values(self, obs: np.ndarray) -> list[np.ndarray]:
+        p, act = self.params, self.activation
+        if self.parts:
+            pieces, start = [], 0
+            for key, width in self.parts:
+                pieces.append(mlp(p, f"encoders.{key}", obs[:, start : start + width], 1, act, final_act=True))
+                start += width
+            obs = np.concatenate(pieces, axis=1)
+        h = mlp(p, "trunk", obs, self.trunk_layers, act, final_act=True)
+        value = mlp(p, "value", h, 2, act)
+        out = []
+        for d in range(len(self.branches)):
+            adv = mlp(p, f"branches.{d}", h, 2, act)
+            out.append(value + adv - adv.mean(axis=1, keepdims=True))
+        return out
+
+    def act(self, rng: np.random.Generator, obs: np.ndarray, mask: np.ndarray | None, epsilon: float = 0.0):
+        """[batch] actions for a Discrete space (one branch), else [batch, branches]."""
+        q = self.q_values(obs)
+        columns = []
+        for d, (q_d, n) in enumerate(zip(q, self.branches)):
+            branch_mask = mask if d == 0 and len(self.branches) == 1 else None
+            choice = masked_argmax(q_d, branch_mask)
+            if epsilon > 0.0:
+                explore = rng.random(len(obs)) < epsilon
+                if explore.any():
+                    choice = np.where(explore, random_legal(rng, n, len(obs), branch_mask), choice)
+            columns.append(choice)
+        if self.info.action_kind == "Discrete":
+            return columns[0]
+        return np.stack(columns, axis=1)
+
+
+class Discretiser:
+    """Flat observations -> Q-table rows: a Discrete observation's index (from its one-hot), or a Box
+    cut into `bins` equal-width cells per dimension between `low` and `high` (values outside are
+    clipped into the edge cells). A dimension with one bin is ignored."""
+
+    def __init__(self, bins: Sequence[int] = (), low: Sequence[float] = (), high: Sequence[float] = (),
+                 discrete_n: int | None = None):
+        self.discrete_n = discrete_n
+        self.bins = np.asarray(bins, np.int64)
+        self.low = np.asarray(low, np.float64)
+        self.high = np.asarray(high, np.float64)
+        self.n_states = int(discrete_n) if discrete_n is not None else int(np.prod(self.bins))
+
+    @classmethod
+    def from_spec(cls, info: SpaceInfo, bins: Sequence[int], low: Sequence[float], high: Sequence[float],
+                  field: str = "spec.algorithm.qLearning") -> Discretiser:
+        """Resolve a QLearningConfig's bins/low/high against the observation space; every error names
+        the field, its value and what is allowed."""
+        if info.obs_discrete_n is not None:
+            return cls(discrete_n=info.obs_discrete_n)
+        if info.obs_parts or not info.obs_low:
+            raise ValueError(f"QLearning needs a Discrete or 1-D Box observation; this env's is neither "
+                             f"({len(info.obs_parts)} Dict parts)")
+        dims = info.obs_dim
+        resolved_bins = _per_dimension(f"{field}.bins", list(bins), dims, None)
+        space_low, space_high = np.asarray(info.obs_low), np.asarray(info.obs_high)
+        lo = np.asarray(_per_dimension(f"{field}.low", list(low), dims, space_low), np.float64)
+        hi = np.asarray(_per_dimension(f"{field}.high", list(high), dims, space_high), np.float64)
+        unbounded = [i for i in range(dims) if resolved_bins[i] > 1 and not (math.isfinite(lo[i])
+                                                                             and math.isfinite(hi[i]))]
+        if unbounded:
+            raise ValueError(
+                f"{field}.low/high: observation dimensions {unbounded} have infinite bounds in the "
+                f"env's Box (low={space_low[unbounded].tolist()}, high={space_high[unbounded].tolist()}); "
+                "give finite low and high (one entry for all dimensions, or one per dimension) or 1 bin "
+                "for those dimensions")
+        bad = [i for i in range(dims) if resolved_bins[i] > 1 and not lo[i] < hi[i]]
+        if bad:
+            raise ValueError(f"{field}.low/high: low must be below high in dimensions {bad}, got "
+                             f"low={lo[bad].tolist()}, high={hi[bad].tolist()}")
+        return cls(resolved_bins, np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 1.0))
+
+    def config(self) -> dict[str, Any]:
+        return {"bins": self.bins.tolist(), "low": self.low.tolist(), "high": self.high.tolist(),
+                "discrete_n": self.discrete_n}
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Row index per observation, int64 [batch]."""
+        obs = np.asarray(obs)
+        if self.discrete_n is not None:
+            return obs.reshape(len(obs), -1).argmax(axis=1).astype(np.int64)
+        width = np.maximum(self.high - self.low, 1e-12)
+        cells = np.floor((obs.astype(np.float64) - self.low) / width * self.bins).astype(np.int64)
+        cells = np.clip(cells, 0, self.bins - 1)
+        return np.ravel_multi_index(cells.T, self.bins).astype(np.int64)
+
+
+def _per_dimension(field: str, values: list, dims: int, default) -> list:
+    if not values:
+        if default is None:
+            raise ValueError(f"{field}: a Box observation needs bins, 1 entry or {dims} (one per dimension), "
+                             "got []")
+        return list(default)
+    if len(values) == 1:
+        return values * dims
+    if len(values) != dims:
+        raise ValueError(f"{field}: needs 1 entry or {dims} (one per observation dimension), got "
+                         f"{len(values)}: {values}")
+    return values
+
+
+class TabularQPolicy:
+    """Epsilon-greedy over a Q-table indexed by the discretised observation."""
+
+    kind = "tabular"
+
+    def __init__(self, info: SpaceInfo, cfg: dict[str, Any]):
+        self.info = info
+        self.discretise = Discretiser(cfg["bins"], cfg["low"], cfg["high"], cfg["discrete_n"])
+        self.n_actions = info.action_dims[0]
+        self.table = np.zeros((self.discretise.n_states, self.n_actions), np.float32)
+
+    def load(self, params: Params) -> None:
+        self.table = params["q"]
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self.table[self.discretise(obs)]
+
+    def act(self, rng: np.random.Generator, obs: np.ndarray, mask: np.ndarray | None, epsilon: float = 0.0):
+        greedy = masked_argmax(self.q_values(obs), mask)
+        if epsilon <= 0.0:
+            return greedy
+        explore = rng.random(len(obs)) < epsilon
+        return np.where(explore, random_legal(rng, self.n_actions, len(obs), mask), greedy)

@@ -1,0 +1,97 @@
+"""Self-play for two-player envs: each rollout worker plays against a frozen copy of its own policy.
+
+An env opts in by offering `set_opponent_policy(policy)` (Tic-Tac-Toe does) and asking for it in
+its kwargs (`opponent: self` or `mix`). The worker then keeps one `FrozenOpponent` — a greedy,
+masked numpy copy of its acting policy — installed in every env copy, and replaces the copy once
+the learner's weights are `opponent_refresh_updates` gradient updates newer (0: on every weights
+change). The env calls the opponent once per opponent move, so its answers are cached per
+position until the next refresh: numpy, no torch, a dict lookup for a position seen before.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from kuberl.trainer.policy import ActorCriticPolicy
+
+#: Positions remembered per frozen copy; Tic-Tac-Toe has 5,478, so the cache never fills there.
+CACHE_LIMIT = 200_000
+
+
+def greedy_actions(policy, rng: np.random.Generator, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The action each row of `obs` is given by `policy` acting deterministically (illegal ones masked)."""
+    if isinstance(policy, ActorCriticPolicy):
+        return policy.act(rng, obs, mask, deterministic=True)[0]
+    return policy.act(rng, obs, mask, epsilon=0.0)
+
+
+class FrozenOpponent:
+    """`opponent(obs, mask) -> action`: greedy play by a snapshot of a worker's policy.
+
+    `version` is the weights version (gradient updates) the snapshot was taken at; None before
+    the first one, when the env plays its fallback (uniform random) instead.
+    """
+
+    def __init__(self) -> None:
+        self.policy = None
+        self.version: int | None = None
+        self.calls = 0
+        self._rng = np.random.default_rng(0)  # greedy play draws nothing; act() only wants one
+        self._cache: dict[bytes, int] = {}
+
+    def refresh(self, policy, version: int) -> None:
+        self.policy = copy.deepcopy(policy)  # the worker's policy keeps learning; this copy must not
+        self.version = version
+        self._cache.clear()
+
+    def __call__(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        self.calls += 1
+        mask = np.asarray(mask, dtype=bool)
+        key = obs.tobytes() + mask.tobytes()
+        action = self._cache.get(key)
+        if action is None:
+            action = int(greedy_actions(self.policy, self._rng, obs[None].astype(np.float32), mask[None])[0])
+            if len(self._cache) < CACHE_LIMIT:
+                self._cache[key] = action
+        return action
+
+
+def self_play_settings(env) -> tuple[bool, int]:
+    """(whether the env asks for a self-play opponent, refresh interval in gradient updates)."""
+    base = env.unwrapped
+    config = getattr(base, "config", None)
+    if not hasattr(base, "set_opponent_policy") or config is None:
+        return False, 0
+    wanted = getattr(config, "opponent", None) in ("self", "mix")
+    return wanted, int(getattr(config, "opponent_refresh_updates", 0))
+
+
+def attach_self_play(worker) -> FrozenOpponent | None:
+    """Give `worker` (a RolloutWorker) a frozen opponent when its envs ask for one.
+
+    A hook the worker runs after each weights change takes the snapshot; the first one installs
+    it in every env copy. Until then (episodes begun before any weights arrived) the env plays its
+    fallback, uniform random, and says so in `info["opponent_fallback"]`.
+    """
+    envs = getattr(worker.env, "envs", [])
+    if not envs:
+        return None
+    wanted, refresh_updates = self_play_settings(envs[0])
+    if not wanted:
+        return None
+    opponent = FrozenOpponent()
+
+    def refresh(w) -> None:
+        if opponent.version is None:
+            opponent.refresh(w.policy, w.weights_version)
+            for env in envs:
+                env.unwrapped.set_opponent_policy(opponent)
+        elif w.weights_version - opponent.version >= refresh_updates:
+            opponent.refresh(w.policy, w.weights_version)
+
+    worker.self_play_opponent = opponent
+    worker.hooks.append(refresh)
+    return opponent
