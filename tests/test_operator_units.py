@@ -132,6 +132,20 @@ def test_progress_is_read_from_the_learners_real_metrics():
     assert p.mean_return == 199.5
     assert report.last_checkpoint_time.timestamp() == 1_700_000_000
     assert report.finished is False
+    assert report.evaluation is None  # gauges before the learner finished are not results
+
+
+def test_checkpoint_name_and_final_evaluation_reach_the_status():
+    learner = LearnerMetrics(JobLabels("ttt", "rl", "DQN", "kuberl/TicTacToe-v0"))
+    learner.inc("kuberl_episodes_total", 10)
+    learner.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
+    learner.set("kuberl_checkpoint_iteration", 42)
+    learner.set("kuberl_evaluation_return_mean", 0.93)
+    learner.set_win_rate("vs-random-first", 0.99)
+    learner.set("kuberl_job_finished", 1)
+    report = st_.parse_learner_metrics(generate_latest(learner.registry).decode(), job_name="ttt")
+    assert report.last_checkpoint == "ckpt-000000042.pt"
+    assert report.evaluation == {"deterministic": {"meanReturn": 0.93}, "vs-random-first": {"winRate": 0.99}}
 
 
 def test_no_checkpoint_yet_and_nan_return_are_left_empty():

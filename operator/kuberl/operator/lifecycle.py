@@ -174,6 +174,10 @@ def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | 
         st.progress = report.progress
         if report.last_checkpoint_time is not None:
             st.last_checkpoint_time = report.last_checkpoint_time
+        if report.last_checkpoint is not None:
+            st.last_checkpoint = report.last_checkpoint
+        if report.evaluation is not None:
+            st.evaluation = report.evaluation
     _Pass(p, meta, job, problems or [], pods, now, options, before, frozenset(deleted)).run()
     _finish(p, meta, before, now, job)
     return p

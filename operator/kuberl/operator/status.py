@@ -86,10 +86,13 @@ _INTEGER_FIELDS = {"episodes", "env_steps", "gradient_updates", "iterations"}
 class LearnerReport:
     """What one scrape of the learner's /metrics says."""
 
-    def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool):
+    def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool,
+                 last_checkpoint: str | None = None, evaluation: dict[str, Any] | None = None):
         self.progress = progress
         self.last_checkpoint_time = last_checkpoint_time
         self.finished = finished
+        self.last_checkpoint = last_checkpoint
+        self.evaluation = evaluation
 
 
 def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerReport:
@@ -99,9 +102,13 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     (a wrong URL answering 200 must not zero a job's progress).
     """
     samples: dict[str, float] = {}
+    win_rates: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if job_name is not None and sample.labels.get("job_name", job_name) != job_name:
+                continue
+            if sample.name == "kuberl_evaluation_win_rate" and "suite" in sample.labels:
+                win_rates[sample.labels["suite"]] = sample.value
                 continue
             samples.setdefault(sample.name, sample.value)
     if not any(name in samples for name in PROGRESS_FROM_METRICS.values()):
@@ -120,7 +127,15 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     checkpoint = samples.get(CHECKPOINT_METRIC)
     checkpoint_time = (datetime.fromtimestamp(checkpoint, timezone.utc).replace(microsecond=0)
                        if checkpoint and checkpoint > 0 else None)
-    return LearnerReport(Progress(**fields), checkpoint_time, samples.get("kuberl_job_finished", 0.0) >= 1.0)
+    finished = samples.get("kuberl_job_finished", 0.0) >= 1.0
+    iteration = samples.get("kuberl_checkpoint_iteration")
+    last_checkpoint = f"ckpt-{int(iteration):09d}.pt" if checkpoint_time and iteration else None
+    evaluation = None
+    # The learner sets its evaluation gauges before it reports finished: only then are they results.
+    if finished and samples.get("kuberl_evaluation_return_mean") is not None:
+        evaluation = {"deterministic": {"meanReturn": samples["kuberl_evaluation_return_mean"]}}
+        evaluation.update({suite: {"winRate": rate} for suite, rate in sorted(win_rates.items())})
+    return LearnerReport(Progress(**fields), checkpoint_time, finished, last_checkpoint, evaluation)
 
 
 def phase_of(status: RLTrainingJobStatus) -> Phase:

@@ -274,8 +274,15 @@ class _Loop:
             self._learn_and_account(batches)
 
     def _run_async(self) -> str:
-        """Workers keep `queueSize` batches in flight; the learner consumes whichever is done first and
-        trains at most `maxStaleness` updates past the oldest policy still collecting."""
+        """Workers keep up to `queueSize` batches each in flight and step their envs while the learner
+        trains on whichever batch is done first.
+
+        `maxStaleness` bounds the policy a worker collects with: the learner applies an update only while
+        every batch still being collected (handed out, not finished) was sent weights at most that many
+        updates older. Updates the bound holds back stay owed (the algorithm applies them on a later
+        call, so trainFrequency's replay ratio holds) and no new batch is handed out until they are
+        applied. A finished batch is replay data like any other and holds nothing back.
+        """
         col = self.spec.collection
         inflight: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, weights version it was sent)
 
@@ -283,16 +290,23 @@ class _Loop:
             ref = getattr(handle.actor, self._method()).remote(*self._sample_args())
             inflight[ref] = (handle.index, self.weights_version)
 
+        def collecting_versions() -> list[int]:
+            if not inflight:
+                return []
+            _, running = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
+            return [inflight[ref][1] for ref in running]
+
         while True:
             reason = self.should_stop()
             if reason:
                 break
             self.workers.reconcile(wait_for_one=not inflight)
             self.publish_weights()
-            busy = collections.Counter(idx for idx, _ in inflight.values())
-            for handle in self.workers.ready():
-                for _ in range(col.queue_size - busy[handle.index]):
-                    submit(handle)
+            if not inflight or not getattr(self.algo, "updates_held_back", 0):
+                busy = collections.Counter(idx for idx, _ in inflight.values())
+                for handle in self.workers.ready():
+                    for _ in range(col.queue_size - busy[handle.index]):
+                        submit(handle)
             t_wait = time.perf_counter()
             done, _ = ray.wait(list(inflight), num_returns=1, timeout=5.0)
             self.c.learner_wait += time.perf_counter() - t_wait
@@ -307,11 +321,12 @@ class _Loop:
                         inflight.pop(other)
             if not batches:
                 continue
-            oldest = min([v for _, v in inflight.values()] + [b["version"] for b in batches])
-            budget = max(col.max_staleness - (self.algo.gradient_updates - oldest), 0)
+            collecting = collecting_versions()
+            oldest = min(collecting, default=None)
+            budget = None if oldest is None else max(col.max_staleness - (self.algo.gradient_updates - oldest), 0)
             self._learn_and_account(batches, max_updates=budget)
-            staleness = self.algo.gradient_updates - min(b["version"] for b in batches)
-            self.metrics.set("kuberl_policy_staleness_updates", max(staleness, 0))
+            self.metrics.set("kuberl_policy_staleness_updates",
+                             0 if oldest is None else self.algo.gradient_updates - oldest)
         for ref in list(inflight):
             ray.cancel(ref, force=False)
         return reason
@@ -412,6 +427,7 @@ class _Loop:
         self.last_ckpt_iter = self.c.iterations
         self.metrics.inc("kuberl_checkpoints_total", 1)
         self.metrics.set("kuberl_checkpoint_timestamp_seconds", time.time())
+        self.metrics.set("kuberl_checkpoint_iteration", self.c.iterations)
         self.report.checkpoint(path)
 
     # ---- evaluation ------------------------------------------------------------------------------

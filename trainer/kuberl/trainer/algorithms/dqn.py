@@ -55,6 +55,7 @@ class DQN(Algorithm):
         self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
         self.buffer = self._make_buffer(info, device)
         self._steps_since_train = 0
+        self._held_back = 0  # updates owed but held back by async collection's staleness bound
 
     def _make_network(self, info, hidden, act):
         return QNetwork(info, hidden, act, self.cfg.dueling)
@@ -87,12 +88,18 @@ class DQN(Algorithm):
         for b in batches:
             self.buffer.add(b)
             new_steps += int(b["env_steps"])
-        updates = self.updates_due(new_steps, env_steps)
-        if max_updates is not None:
-            updates = min(updates, max_updates)
+        updates = self.updates_due(new_steps, env_steps) + self._held_back
+        self._held_back = 0
+        if max_updates is not None and updates > max_updates:  # owed, not dropped: trainFrequency holds
+            updates, self._held_back = max_updates, updates - max_updates
         losses = [self.update() for _ in range(updates)]
         return LearnStats(loss=float(np.mean(losses)) if losses else float("nan"), gradient_updates=updates,
                           extra={"epsilon": self.exploration(env_steps), "buffer_size": float(self.buffer.size)})
+
+    @property
+    def updates_held_back(self) -> int:
+        """Updates the staleness bound (async collection) postponed; the next learn() applies them first."""
+        return self._held_back
 
     def q_values_taken(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.q(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)
@@ -131,7 +138,7 @@ class DQN(Algorithm):
         return {"q": self.q.state_dict(), "q_target": self.q_target.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "gradient_updates": self.gradient_updates,
                 "generator": self.generator.get_state(), "buffer": self.buffer.state_dict(),
-                "steps_since_train": self._steps_since_train}
+                "steps_since_train": self._steps_since_train, "held_back": self._held_back}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
@@ -141,3 +148,4 @@ class DQN(Algorithm):
         self.generator.set_state(state["generator"])
         self.buffer.load_state_dict(state["buffer"])
         self._steps_since_train = int(state["steps_since_train"])
+        self._held_back = int(state.get("held_back", 0))  # absent in checkpoints from before async held updates

@@ -63,6 +63,11 @@ class QLearning(Algorithm):
                           extra={"epsilon": self.exploration(env_steps),
                                  "states_visited": float(np.count_nonzero(self.table.any(axis=1)))})
 
+    @property
+    def updates_held_back(self) -> int:
+        """Transitions the staleness bound (async collection) postponed; the next learn() applies them first."""
+        return len(self.pending["states"])
+
     def _transitions(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
         if len(batch["rewards"]) == 0:
             return {k: np.zeros(0) for k in _FIELDS}
