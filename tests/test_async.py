@@ -52,7 +52,7 @@ def _train(mode: str, tmp_path: Path) -> dict:
             "rolloutWorkers": {"replicas": WORKERS, "envsPerWorker": ENVS},
             "collection": {"mode": mode, "maxStaleness": MAX_STALENESS, "queueSize": QUEUE,
                            "fragmentSteps": FRAGMENT},
-            "stopping": {"maxEnvSteps": 10_000},
+            "stopping": {"maxEnvSteps": 8_000},
             "evaluation": {"enabled": False},
             "checkpointing": {"enabled": False},
         },
@@ -120,10 +120,13 @@ def test_workers_keep_stepping_while_the_learner_trains(runs):
     assert overlapping > 0.2 * len(async_["stamps"]), (overlapping, len(async_["stamps"]))
 
 
-def test_staleness_and_queue_stay_bounded(runs):
+def test_staleness_and_queue_stay_bounded_without_losing_updates(runs):
     run = runs["async"]
     assert max(run["staleness"]) <= MAX_STALENESS
     assert max(run["staleness"]) > 0  # the learner did move on while batches were collected
+    # Updates the bound held back were applied later: the replay ratio (trainFrequency 2) holds.
+    sync_updates = runs["sync"]["result"].counters.gradient_updates
+    assert run["result"].counters.gradient_updates >= sync_updates - MAX_STALENESS
     # Each worker holds at most queueSize batches not yet consumed, so that is all the workers can be ahead.
     assert max(run["backlog"]) <= WORKERS * QUEUE * BATCH_STEPS
     assert max(run["backlog"]) > BATCH_STEPS  # and they were ahead: the queue was used
@@ -143,10 +146,3 @@ def test_wait_metrics_show_who_waited(runs):
     # Synchronous workers sit idle through every learn step; asynchronous ones have the next batch queued.
     assert rates["async"] < rates["sync"], rates
 
-
-def test_zz_print(runs):
-    for mode, run in runs.items():
-        c = run["result"].counters
-        print(mode, "overlap", _steps_during_updates(run["stamps"], run["updates"]), len(run["stamps"]),
-              "stale", max(run["staleness"]), "backlog", max(run["backlog"]), "lw", c.learner_wait, "ww", c.worker_wait,
-              "wall", c.wall_clock, "upd", c.gradient_updates)

@@ -114,11 +114,36 @@ def test_refresh_zero_replaces_the_opponent_on_every_weights_change():
         assert frozen.version == version
 
 
+@pytest.mark.parametrize("epsilon", [0.0, 0.5, 1.0])
+def test_opponent_epsilon_mixes_random_moves_into_self_play(epsilon):
+    calls = []
+
+    def opponent(obs, mask):
+        calls.append(1)
+        return first_free(obs, mask)
+
+    env = TicTacToeEnv(opponent="self", opponent_epsilon=epsilon, agent_first=False)
+    env.set_opponent_policy(opponent)
+    moves = 0
+    for seed in range(200):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            free = np.flatnonzero(info["action_mask"])
+            obs, _, done, _, info = env.step(int(free[-1]))
+        moves += env.board.count(1)  # the opponent plays X
+    share = len(calls) / moves
+    assert {0.0: share == 1.0, 0.5: 0.4 < share < 0.6, 1.0: share == 0.0}[epsilon], share
+
+
 def test_refresh_interval_is_a_validated_env_kwarg():
     assert validate_env_kwargs(TTT, {"opponent_refresh_updates": 50}).opponent_refresh_updates == 50
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="opponent_refresh_updates"):
             TicTacToeEnv(opponent_refresh_updates=bad)
+    for bad in (-0.1, 1.5, True):
+        with pytest.raises(ValueError, match="opponent_epsilon"):
+            TicTacToeEnv(opponent_epsilon=bad)
 
 
 # --- the opponent evaluation suite -----------------------------------------------------------

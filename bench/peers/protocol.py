@@ -67,6 +67,7 @@ class SolveClock:
         self.env_steps = 0
         self.window_mean: float | None = None
         self.stop_reason: str | None = None
+        self.last_now = 0.0  # training seconds at the last update (a contender's clock is read before evals)
 
     def restart(self) -> None:
         """Start the clock now (a contender calls it just before its training loop begins)."""
@@ -90,7 +91,7 @@ class SolveClock:
         """Account one iteration; returns True when training should stop."""
         self.env_steps = env_steps
         self.window_mean = window_mean
-        now = self.train_seconds(clock)
+        now = self.last_now = self.train_seconds(clock)
         ev = None
         if (self.solved_seconds is None and window_full and window_mean is not None
                 and window_mean >= TARGET and env_steps >= self.next_check):
@@ -118,7 +119,7 @@ class SolveClock:
     def finish(self, evaluate: Callable[[], dict[str, Any]] | None, clock: float | None = None) -> None:
         """Hold mode: one last evaluation at the end of the budget (unless the curve has it already)."""
         if self.hold and evaluate is not None and (not self.curve or self.curve[-1]["env_steps"] != self.env_steps):
-            now = self.train_seconds(clock)
+            now = self.last_now if clock is not None else self.train_seconds()
             ev = self._evaluate(evaluate)
             self.curve.append({"env_steps": self.env_steps, "train_seconds": round(now, 3),
                                "window_mean": None if self.window_mean is None else round(self.window_mean, 2), **ev})
@@ -130,7 +131,7 @@ class SolveClock:
             "env_steps_to_solve": self.solved_steps,
             "stop_reason": self.stop_reason,
             "env_steps_total": self.env_steps,
-            "train_seconds_total": round(self.train_seconds(clock), 3),
+            "train_seconds_total": round(self.last_now if clock is not None else self.train_seconds(), 3),
             "eval_seconds_total": round(self.eval_seconds, 3),
             "final_window_mean": None if self.window_mean is None else round(self.window_mean, 2),
             "solve_checks": self.checks,

@@ -157,7 +157,11 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     metrics_port = None
     if spec.metrics.enabled:
         port = spec.metrics.port if options.metrics_port is None else options.metrics_port
-        metrics_port = metrics.serve(port, addr="0.0.0.0" if cluster else "127.0.0.1")
+        try:
+            metrics_port = metrics.serve(port, addr="0.0.0.0" if cluster else "127.0.0.1")
+        except OSError as err:
+            raise RuntimeError(f"cannot serve metrics on port {port} ({err.strerror}): set spec.metrics.port, "
+                               "pass --metrics-port 0 for a free port, or spec.metrics.enabled: false") from None
         log.info("metrics on http://%s:%d/metrics", "0.0.0.0" if cluster else "127.0.0.1", metrics_port)
     # Counters continue across restarts: start them at the checkpoint's values.
     metrics.inc("kuberl_episodes_total", counters.episodes)

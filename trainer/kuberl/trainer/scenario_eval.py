@@ -85,8 +85,8 @@ def opponent_games(policy, opponent: str, agent_first: bool, games: int, seed: i
 # ============================================================================================
 
 #: The threshold grid searched when a suite does not fix upper/lower (pairs with lower >= upper skipped).
-THRESHOLD_UPPERS = (0.6, 0.7, 0.8, 0.9, 0.95)
-THRESHOLD_LOWERS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+THRESHOLD_UPPERS = (0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.2)
+THRESHOLD_LOWERS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 _THRESHOLD_KEYS = ("upper", "lower", "tier", "priority", "tuning_episodes")
 _RANDOM_KEYS = ("seed",)
 
@@ -177,33 +177,43 @@ def threshold_policy(params: dict[str, Any], multi: bool):
     return lambda obs, info: policy(obs)
 
 
+def threshold_grid(env, fixed: dict[str, Any], multi: bool) -> list[dict[str, Any]]:
+    """Every threshold setting to try: upper x lower (lower < upper), and tier x priority on
+    AutoscalingMulti-v0, with the values in `fixed` held."""
+    axes: dict[str, tuple] = {"upper": THRESHOLD_UPPERS, "lower": THRESHOLD_LOWERS}
+    if multi:
+        nvec = np.asarray(env.action_space.nvec)
+        axes.update(tier=tuple(range(int(nvec[1]))), priority=tuple(range(int(nvec[2]))))
+    for key, value in fixed.items():
+        if key in axes:
+            axes[key] = (value,)
+    grid = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    grid = [params for params in grid if params["lower"] < params["upper"]]
+    if not grid:
+        raise ValueError(f"baselineParams: no threshold pair has lower < upper (upper={axes['upper']}, "
+                         f"lower={axes['lower']})")
+    return grid
+
+
+def rank_thresholds(env, grid: list[dict[str, Any]], seeds: list[int], multi: bool) -> list[tuple[float, dict]]:
+    """(mean return on `seeds`, settings) for every setting in `grid`, best first."""
+    ranked = [(float(np.mean(run_baseline(env, threshold_policy(params, multi), seeds)[0])), params)
+              for params in grid]
+    return sorted(ranked, key=lambda item: -item[0])
+
+
 def tune_threshold(make, fixed: dict[str, Any], seeds: list[int], multi: bool) -> tuple[dict[str, Any], float | None]:
-    """The best threshold settings for the values not in `fixed`: (settings, their mean tuning return),
-    or (fixed, None) when nothing is left to search."""
+    """The best settings on `seeds` over the grid of the values not in `fixed`: (settings, mean return),
+    or (fixed settings, None) when there is nothing to search."""
     env = make()
     try:
-        grid: dict[str, tuple] = {"upper": THRESHOLD_UPPERS, "lower": THRESHOLD_LOWERS}
-        if multi:
-            nvec = np.asarray(env.action_space.nvec)
-            grid.update(tier=tuple(range(int(nvec[1]))), priority=tuple(range(int(nvec[2]))))
-        axes = {k: (fixed[k],) if k in fixed else v for k, v in grid.items()}
-        if all(len(v) == 1 for v in axes.values()):
-            return {k: v[0] for k, v in axes.items()}, None
+        grid = threshold_grid(env, fixed, multi)
+        if len(grid) == 1:
+            return grid[0], None
         if not seeds:
             raise ValueError("baselineParams.tuning_episodes: must be >= 1 to grid-search thresholds")
-        best: tuple[float, dict[str, Any]] | None = None
-        for values in itertools.product(*axes.values()):
-            params = dict(zip(axes, values))
-            if params["lower"] >= params["upper"]:
-                continue
-            returns, _ = run_baseline(env, threshold_policy(params, multi), seeds)
-            score = float(np.mean(returns))
-            if best is None or score > best[0]:
-                best = (score, params)
-        if best is None:
-            raise ValueError(f"baselineParams: no threshold pair has lower < upper (upper={axes['upper']}, "
-                             f"lower={axes['lower']})")
-        return best[1], best[0]
+        score, params = rank_thresholds(env, grid, seeds, multi)[0]
+        return params, score
     finally:
         env.close()
 

@@ -54,6 +54,10 @@ class TicTacToeConfig:
     with probability opponent_mix, drawn per episode."""
     opponent_mix: float = 0.5
     """With opponent="mix": chance that an episode is played against the installed policy."""
+    opponent_epsilon: float = 0.0
+    """When the installed policy plays ("self", or "mix" when drawn): chance, per move, that it
+    plays a uniformly random free cell instead, so self-play also reaches positions the policy
+    would not play into itself and still punishes mistakes there."""
     opponent_refresh_updates: int = 100
     """Self-play in training ("self" or "mix"): each rollout worker installs a greedy copy of its
     current policy as the opponent and replaces it once the learner's weights are this many
@@ -75,6 +79,12 @@ class TicTacToeConfig:
             or not (0.0 <= self.opponent_mix <= 1.0)
         ):
             raise ValueError(f"opponent_mix={self.opponent_mix!r}: must be a number within [0, 1]")
+        if (
+            isinstance(self.opponent_epsilon, bool)
+            or not isinstance(self.opponent_epsilon, (int, float))
+            or not (0.0 <= self.opponent_epsilon <= 1.0)
+        ):
+            raise ValueError(f"opponent_epsilon={self.opponent_epsilon!r}: must be a number within [0, 1]")
         if (
             isinstance(self.opponent_refresh_updates, bool)
             or not isinstance(self.opponent_refresh_updates, int)
@@ -322,7 +332,8 @@ class TicTacToeEnv(gym.Env):
         self._free -= 1
 
     def _opponent_move(self) -> int:
-        if self._opponent_kind == "self":
+        epsilon = self.config.opponent_epsilon
+        if self._opponent_kind == "self" and not (epsilon and self._rng.random() < epsilon):
             opponent_obs = np.concatenate((self._obs[9:], self._obs[:9]))
             cell = int(self._opponent_policy(opponent_obs, self._mask.copy()))
             if not (0 <= cell <= 8 and self._board[cell] == 0):

@@ -1,0 +1,295 @@
+"""Time-to-solve CartPole-v1: KubeRL PPO and DQN (k = 1, 2) vs Stable-Baselines3 (zoo hyperparameters)
+and RLlib PPO (its tuned CartPole example), 3 seeds each, every run in its own fresh process.
+
+    bash bench/peers/make_venvs.sh                     # once: the peers' own virtualenvs
+    .venv/bin/python bench/bench_cartpole.py           # all contenders, seeds 0 1 2
+    .venv/bin/python bench/bench_cartpole.py --only kuberl-ppo-k1 sb3-ppo --seeds 0   # a subset
+    .venv/bin/python bench/bench_cartpole.py --smoke   # tiny budgets: checks every contender runs
+
+The protocol is bench/peers/protocol.py, shared by every contender: solved = mean of the last 100
+training episodes >= 475, then a 100-episode deterministic evaluation (seeds 10000..10099) >= 475;
+a failed evaluation lets training continue and the check repeats after 5k more env steps;
+evaluation time is taken off the clock (reported separately). Ray start-up (KubeRL: ray.init; RLlib:
+ray.init, then building the algorithm and its env runners) is off the clock and reported on its own.
+KubeRL's clock includes starting its rollout actors. DQN contenders run in `hold` mode: they train on
+to 300k env steps with a deterministic evaluation every 25k steps (the curve), time-to-solve
+taken on the way.
+
+Results go to bench/results/cartpole.json (runs are merged in by contender, so a subset can be re-run).
+A single KubeRL run (what the driver starts in a subprocess):
+    .venv/bin/python bench/bench_cartpole.py --one kuberl-ppo --workers 1 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+PEERS = BENCH / "peers"
+sys.path.insert(0, str(PEERS))
+
+from protocol import EVAL_SEEDS, RESULT_PREFIX, SolveClock, emit  # noqa: E402
+
+BUDGET_STEPS = 300_000
+BUDGET_SECONDS = 300.0
+HOLD_SECONDS = 900.0  # DQN hold runs must reach 300k steps; this only ends a run that hangs
+CURVE_EVERY = 25_000
+
+# name -> (python, argv builder, hold?)
+VENV_SB3 = BENCH / ".venvs" / "sb3" / "bin" / "python"
+VENV_RLLIB = BENCH / ".venvs" / "rllib" / "bin" / "python"
+PROJECT_PY = REPO / ".venv" / "bin" / "python"
+
+
+def contenders(budget_steps: int, budget_seconds: float, hold_seconds: float, smoke: bool) -> dict[str, dict]:
+    ppo = ["--budget-steps", str(budget_steps), "--budget-seconds", str(budget_seconds)]
+    hold = ["--hold", "--budget-steps", str(budget_steps), "--budget-seconds", str(hold_seconds),
+            "--curve-every", str(CURVE_EVERY if not smoke else max(budget_steps // 2, 1000))]
+    me = [str(PROJECT_PY), str(Path(__file__).resolve()), "--one"]
+    sb3 = [str(VENV_SB3), str(PEERS / "sb3_cartpole.py")]
+    rllib = [str(VENV_RLLIB), str(PEERS / "rllib_cartpole.py")]
+    sb3_ppo_budget = ["--budget-steps", str(min(budget_steps, 100_000)), "--budget-seconds", str(budget_seconds)]
+    return {
+        "kuberl-ppo-k1": {"cmd": me + ["kuberl-ppo", "--workers", "1", *ppo], "algo": "PPO", "workers": 1},
+        "kuberl-ppo-k2": {"cmd": me + ["kuberl-ppo", "--workers", "2", *ppo], "algo": "PPO", "workers": 2},
+        "sb3-ppo": {"cmd": sb3 + ["--algo", "ppo", *sb3_ppo_budget], "algo": "PPO", "workers": None},
+        "rllib-ppo-1": {"cmd": rllib + ["--env-runners", "1", *ppo], "algo": "PPO", "workers": 1},
+        "rllib-ppo-2": {"cmd": rllib + ["--env-runners", "2", *ppo], "algo": "PPO", "workers": 2},
+        "kuberl-dqn-k1": {"cmd": me + ["kuberl-dqn", "--workers", "1", *hold], "algo": "DQN", "workers": 1},
+        "kuberl-dqn-k2": {"cmd": me + ["kuberl-dqn", "--workers", "2", *hold], "algo": "DQN", "workers": 2},
+        "sb3-dqn": {"cmd": sb3 + ["--algo", "dqn", *hold], "algo": "DQN", "workers": None},
+    }
+
+
+# ---- one KubeRL run, in this process --------------------------------------------------------------
+
+
+def run_kuberl(algo: str, workers: int, seed: int, budget_steps: int, budget_seconds: float, hold: bool,
+               curve_every: int, recheck_steps: int) -> dict[str, Any]:
+    import logging
+
+    from kuberl.api.load import load_job_file
+    from kuberl.trainer.evaluation import greedy_episodes
+    from kuberl.trainer.run import TrainOptions, train
+
+    example = REPO / "examples" / f"cartpole-{algo}.yaml"
+    job = load_job_file(example)
+    spec = job.spec
+    spec.stopping.target_return = None  # the protocol decides when it is solved
+    spec.stopping.max_wall_clock_seconds = budget_seconds * 3  # the protocol's clock (less eval) ends it first
+    spec.evaluation.enabled = False  # the protocol evaluates
+    clock = SolveClock(budget_steps, budget_seconds, recheck_steps, hold, curve_every)
+    seen: dict[str, Any] = {}
+
+    def on_iteration(row: dict[str, Any], loop) -> None:
+        def evaluate() -> dict[str, Any]:
+            loop.publish_weights()
+            res = greedy_episodes(loop.workers, loop.weights_ref, loop.weights_version, EVAL_SEEDS)
+            return {"episodes": res["episodes"], "mean_return": res["mean_return"], "min_return": res["min_return"]}
+
+        full = len(loop.recent_returns) >= spec.stopping.return_window
+        seen["row"] = row
+        if clock.update(row["env_steps"], full, row["mean_return"], evaluate, clock=row["wall_clock"]):
+            clock.finish(evaluate, clock=row["wall_clock"])
+            loop.stop_signal["set"] = True
+
+    logging.getLogger("kuberl").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="kuberl-bench-") as run_dir:
+        t0 = time.perf_counter()
+        result = train(job, TrainOptions(run_dir=Path(run_dir), workers=workers, seed=seed, progress=False,
+                                         metrics_port=0, max_env_steps=budget_steps, on_iteration=on_iteration))
+        total = time.perf_counter() - t0
+    row = seen.get("row", {})
+    if clock.stop_reason is None:
+        clock.stop_reason = result.reason
+    import torch
+
+    hyper = spec.algorithm.hyperparameters().model_dump(mode="json", by_alias=True)
+    return {
+        "contender": f"kuberl-{algo}", "seed": seed, "workers": workers,
+        "ray_start_seconds": round(result.ray_start_seconds, 3),
+        "process_seconds_in_train": round(total, 3),
+        "iterations": result.counters.iterations, "gradient_updates": result.counters.gradient_updates,
+        "envs_per_worker": spec.rollout_workers.envs_per_worker, "torch_threads": torch.get_num_threads(),
+        "hyperparameters": hyper, **clock.record(clock=row.get("wall_clock")),
+    }
+
+
+# ---- the driver -------------------------------------------------------------------------------------
+
+
+def run_one(name: str, entry: dict, seed: int, timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    cmd = entry["cmd"] + ["--seed", str(seed)]
+    print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.2f}) ...", flush=True)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err, rc = "timeout", -9
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if not lines:
+        tail = (err or "")[-3000:]
+        print(f"    FAILED (rc {rc}) after {wall:.1f}s\n{tail}", flush=True)
+        return {"contender": name, "seed": seed, "error": f"rc {rc}", "stderr_tail": tail[-1500:],
+                "process_wall_seconds": round(wall, 2), "loadavg_start": load_start}
+    res = json.loads(lines[-1][len(RESULT_PREFIX):])
+    res.update({"contender": name, "process_wall_seconds": round(wall, 2), "loadavg_start": load_start})
+    tts = res.get("time_to_solve_seconds")
+    print(f"    solved={res['solved']} time_to_solve={tts} steps={res.get('env_steps_to_solve')} "
+          f"stop={res.get('stop_reason')} ray/setup={res.get('ray_start_seconds', res.get('setup_seconds'))} "
+          f"wall={wall:.1f}s" + (f" hold={res['hold']}" if "hold" in res else ""), flush=True)
+    return res
+
+
+def _stats(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "n": len(values)}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    solved = [r for r in ok if r.get("solved")]
+    out: dict[str, Any] = {
+        "runs": len(runs), "solved": len(solved),
+        "time_to_solve_seconds": _stats([r["time_to_solve_seconds"] for r in solved]),
+        "env_steps_to_solve": _stats([r["env_steps_to_solve"] for r in solved]),
+        "steps_per_second_training": _stats([r["env_steps_total"] / r["train_seconds_total"]
+                                             for r in ok if r.get("train_seconds_total")]),
+    }
+    if any("ray_start_seconds" in r for r in ok):
+        out["ray_start_seconds"] = _stats([r["ray_start_seconds"] for r in ok if "ray_start_seconds" in r])
+    if any("build_seconds" in r for r in ok):
+        out["algorithm_build_seconds"] = _stats([r["build_seconds"] for r in ok if "build_seconds" in r])
+    holds = [r["hold"] for r in ok if "hold" in r]
+    if holds:
+        out["hold"] = {
+            "held_to_end": sum(h["held_to_end"] for h in holds),
+            "final_eval": [h["final_eval"] for h in holds],
+            "min_eval_after_reaching": [h["min_eval_after_reaching"] for h in holds],
+            "first_eval_at_target_steps": [h["first_eval_at_target_steps"] for h in holds],
+        }
+    return out
+
+
+def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def med(name: str) -> float | None:
+        s = summary.get(name, {}).get("time_to_solve_seconds")
+        return s["median"] if s and summary[name]["solved"] == summary[name]["runs"] else None
+
+    out = {}
+    pairs = {
+        "sb3_ppo_over_kuberl_ppo_k1": ("sb3-ppo", "kuberl-ppo-k1", 3.0),
+        "sb3_ppo_over_kuberl_ppo_k2": ("sb3-ppo", "kuberl-ppo-k2", 3.0),
+        "rllib_ppo_1_over_kuberl_ppo_k1": ("rllib-ppo-1", "kuberl-ppo-k1", 10.0),
+        "rllib_ppo_2_over_kuberl_ppo_k2": ("rllib-ppo-2", "kuberl-ppo-k2", 10.0),
+        "sb3_dqn_over_kuberl_dqn_k1": ("sb3-dqn", "kuberl-dqn-k1", None),
+        "sb3_dqn_over_kuberl_dqn_k2": ("sb3-dqn", "kuberl-dqn-k2", None),
+    }
+    for key, (peer, ours, target) in pairs.items():
+        a, b = med(peer), med(ours)
+        if a is not None and b is not None and b > 0:
+            out[key] = {"ratio": round(a / b, 2), "target": target,
+                        "met": None if target is None else a / b >= target}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--one", choices=["kuberl-ppo", "kuberl-dqn"], help="one KubeRL run in this process")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hold", action="store_true")
+    p.add_argument("--curve-every", type=int, default=CURVE_EVERY)
+    p.add_argument("--recheck-steps", type=int, default=5_000)
+    p.add_argument("--budget-steps", type=int, default=BUDGET_STEPS)
+    p.add_argument("--budget-seconds", type=float, default=BUDGET_SECONDS)
+    p.add_argument("--hold-seconds", type=float, default=HOLD_SECONDS)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--only", nargs="+", help="contenders to run (default: all)")
+    p.add_argument("--smoke", action="store_true", help="tiny budgets; writes bench/results/cartpole-smoke.json")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args()
+
+    if args.one:
+        res = run_kuberl(args.one.split("-")[1], args.workers, args.seed, args.budget_steps, args.budget_seconds,
+                         args.hold, args.curve_every, args.recheck_steps)
+        emit(res)
+        return
+
+    if args.smoke:
+        args.budget_steps, args.budget_seconds, args.hold_seconds = 6_000, 30.0, 60.0
+    output = args.output or BENCH / "results" / ("cartpole-smoke.json" if args.smoke else "cartpole.json")
+    table = contenders(args.budget_steps, args.budget_seconds, args.hold_seconds, args.smoke)
+    names = args.only or list(table)
+    unknown = set(names) - set(table)
+    if unknown:
+        raise SystemExit(f"unknown contender(s) {sorted(unknown)}; known: {', '.join(table)}")
+    for name in names:
+        py = Path(table[name]["cmd"][0])
+        if not py.exists():
+            raise SystemExit(f"{py} is missing: run `bash bench/peers/make_venvs.sh` first")
+
+    # numpy's OpenBLAS: this machine sets OPENBLAS_CORETYPE/L2_SIZE for old builds; a current numpy is
+    # faster without them, so every contender runs without them (the same for all).
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    previous = json.loads(output.read_text()) if output.exists() else {}
+    runs_by = previous.get("runs", {})
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    t_all = time.perf_counter()
+    fresh: dict[str, list] = {n: [] for n in names}
+    for seed in args.seeds:  # seed-major: load drift on this shared machine spreads over all contenders
+        for name in names:
+            timeout = (args.hold_seconds if table[name]["algo"] == "DQN" else args.budget_seconds) * 1.5 + 120
+            fresh[name].append(run_one(name, table[name], seed, timeout, env))
+    for name in names:
+        runs_by[name] = fresh[name]
+    summary = {name: summarize(runs) for name, runs in runs_by.items()}
+    result = {
+        "benchmark": "time-to-solve CartPole-v1",
+        "protocol": {"solved": "mean of last 100 training episodes >= 475, then 100-episode deterministic "
+                               "evaluation (seeds 10000-10099) >= 475; a failed evaluation is retried after 5000 "
+                               "more env steps; evaluation time is off the clock",
+                     "ray_start": "off the clock, reported separately (KubeRL: ray.init; RLlib: ray.init and "
+                                  "algorithm build, separately)",
+                     "budget": {"env_steps": args.budget_steps, "train_seconds": args.budget_seconds,
+                                "sb3_ppo_env_steps": min(args.budget_steps, 100_000),
+                                "dqn_hold": {"env_steps": args.budget_steps, "eval_every": CURVE_EVERY}},
+                     "learner_torch_threads": 1},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "loadavg_before_last_invocation": load_before,
+                    "loadavg_after_last_invocation": [round(x, 2) for x in os.getloadavg()],
+                    "note": "shared 2-core machine: other agents' jobs ran concurrently; each run records "
+                            "loadavg_start and loadavg_end"},
+        "last_invocation": {"argv": sys.argv[1:], "contenders": names, "seeds": args.seeds,
+                            "wall_seconds": round(time.perf_counter() - t_all, 1),
+                            "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
+        "summary": summary,
+        "ratios_time_to_solve": ratios(summary),
+        "runs": runs_by,
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"summary": summary, "ratios": result["ratios_time_to_solve"]}, indent=1))
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
