@@ -39,7 +39,7 @@ BENCH = REPO / "bench"
 PEERS = BENCH / "peers"
 sys.path.insert(0, str(PEERS))
 
-from protocol import EVAL_SEEDS, RESULT_PREFIX, SolveClock, emit  # noqa: E402
+from protocol import EVAL_SEEDS, RESULT_PREFIX, SolveClock, emit
 
 BUDGET_STEPS = 300_000
 BUDGET_SECONDS = 300.0
@@ -135,7 +135,8 @@ def run_one(name: str, entry: dict, seed: int, timeout: float, env: dict[str, st
     load_start = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")

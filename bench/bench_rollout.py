@@ -27,8 +27,14 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+# One BLAS/OpenMP thread, as Ray gives a num_cpus=1 actor (OMP_NUM_THREADS=1): a pinned process whose
+# OpenBLAS spawns a second thread on the same core spins against itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gymnasium as gym
 import numpy as np
@@ -37,28 +43,30 @@ REPO = Path(__file__).resolve().parents[1]
 CORES = sorted(os.sched_getaffinity(0))
 
 
-def pin(core: int) -> None:
-    os.sched_setaffinity(0, {core})
-
-
-def timed_rate(fn: Callable[[], int], seconds: float, warmup: int = 2, repeats: int = 3) -> dict[str, Any]:
-    """Call fn (returns env steps done) repeatedly for `seconds`, `repeats` times; median steps/s."""
-    for _ in range(warmup):
-        fn()
-    rates = []
+def interleaved_rates(fns: dict[str, Callable[[], int]], seconds: float, repeats: int = 3,
+                      warmup: int = 2) -> dict[str, dict[str, Any]]:
+    """Each fn does some env steps and returns how many. They are measured in turns (a, b, c, a, b, c, ...)
+    for `seconds` each, `repeats` rounds, so load from other jobs on this shared machine hits all of
+    them alike; the median round counts."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    rates: dict[str, list[float]] = {name: [] for name in fns}
+    loads = []
     for _ in range(repeats):
-        steps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            steps += fn()
-        rates.append(steps / (time.perf_counter() - t0))
-    return {"steps_per_second": round(statistics.median(rates)), "runs": [round(r) for r in rates],
-            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+        for name, fn in fns.items():
+            steps, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                steps += fn()
+            rates[name].append(steps / (time.perf_counter() - t0))
+        loads.append(round(os.getloadavg()[0], 2))
+    return {name: {"steps_per_second": round(statistics.median(r)), "rounds": [round(x) for x in r],
+                   "loadavg_1min": loads} for name, r in rates.items()}
 
 
 def job_algorithm(name: str):
     """The example job's algorithm object: its policy config and initial weights."""
     import torch
-
     from kuberl.api.load import load_job_file
     from kuberl.trainer.algorithms import algorithm_for
     from kuberl.trainer.rollout import make_env
@@ -72,8 +80,7 @@ def job_algorithm(name: str):
     return job, algorithm_for(job.spec, info, torch.device("cpu"), 0, job.spec.stopping.max_env_steps)
 
 
-def bench_raw(n_envs: int, seconds: float, core: int) -> dict[str, Any]:
-    pin(core)
+def raw_stepper(n_envs: int) -> Callable[[], int]:
     env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_envs)],
                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     env.reset(seed=0)
@@ -85,38 +92,25 @@ def bench_raw(n_envs: int, seconds: float, core: int) -> dict[str, Any]:
             env.step(rng.integers(0, 2, size=n_envs))
         return chunk * n_envs
 
-    out = timed_rate(run, seconds)
-    env.close()
-    return {**out, "envs": n_envs, "core": core, "actions": "uniform random (numpy rng, included)"}
+    return run
 
 
-def bench_worker_inprocess(n_envs: int, steps: int, seconds: float, core: int) -> dict[str, Any]:
+def worker_stepper(name: str, n_envs: int, steps: int) -> Callable[[], int]:
+    """A plain RolloutWorker in this process; new weights (version) every call, as in training."""
     from kuberl.trainer.rollout import RolloutWorker
 
-    pin(core)
-    out = {}
-    for name in ("ppo", "dqn"):
-        job, algo = job_algorithm(name)
-        worker = RolloutWorker("CartPole-v1", {}, n_envs, 0, algo.policy_config())
+    _job, algo = job_algorithm(name)
+    worker = RolloutWorker("CartPole-v1", {}, n_envs, 0, algo.policy_config())
+    version = [0]
+
+    def run() -> int:
+        version[0] += 1
         weights = algo.weights()
-        version = [0]
         if name == "ppo":
-            def run() -> int:
-                version[0] += 1
-                return worker.sample_onpolicy(weights, version[0], steps, 0.99)["env_steps"]
-        else:
-            def run() -> int:
-                version[0] += 1
-                return worker.sample_offpolicy(weights, version[0], steps, 0.1, 0.99, 3)["env_steps"]
-        out[name] = {**timed_rate(run, seconds), "envs": n_envs, "steps_per_call": steps, "core": core}
-        worker.close()
-    return out
+            return worker.sample_onpolicy(weights, version[0], steps, 0.99)["env_steps"]
+        return worker.sample_offpolicy(weights, version[0], steps, 0.1, 0.99, 3)["env_steps"]
 
-
-def _start_ray(k: int) -> float:
-    from kuberl.trainer.workers import start_ray
-
-    return start_ray(None, k)
+    return run
 
 
 def _pin_actor(actor, core: int) -> None:
@@ -125,52 +119,42 @@ def _pin_actor(actor, core: int) -> None:
     ray.get(actor.__ray_call__.remote(lambda self, c: os.sched_setaffinity(0, {c}), core))
 
 
-def bench_actor(n_envs: int, steps: int, seconds: float, core: int) -> dict[str, Any]:
-    """One rollout worker as a Ray actor; new weights each call (ray.put + load in the actor)."""
+def actor_stepper(name: str, n_envs: int, steps: int, core: int | None) -> Callable[[], int]:
+    """One RolloutWorker as a Ray actor; every call: ray.put of new weights, sample, ray.get the batch."""
     import ray
-
     from kuberl.trainer.rollout import RolloutWorker
 
-    out = {}
-    for name in ("ppo", "dqn"):
-        job, algo = job_algorithm(name)
-        actor = ray.remote(num_cpus=1)(RolloutWorker).remote("CartPole-v1", {}, n_envs, 0, algo.policy_config())
-        ray.get(actor.ping.remote())
+    _job, algo = job_algorithm(name)
+    actor = ray.remote(num_cpus=1)(RolloutWorker).remote("CartPole-v1", {}, n_envs, 0, algo.policy_config())
+    ray.get(actor.ping.remote())
+    if core is not None:
         _pin_actor(actor, core)
-        version = [0]
-        put_seconds = []
+    version = [0]
 
-        def run() -> int:
-            version[0] += 1
-            t = time.perf_counter()
-            ref = ray.put(algo.weights())
-            put_seconds.append(time.perf_counter() - t)
-            if name == "ppo":
-                batch = ray.get(actor.sample_onpolicy.remote(ref, version[0], steps, 0.99))
-            else:
-                batch = ray.get(actor.sample_offpolicy.remote(ref, version[0], steps, 0.1, 0.99, 3))
-            return int(batch["env_steps"])
+    def run() -> int:
+        version[0] += 1
+        ref = ray.put(algo.weights())
+        if name == "ppo":
+            batch = ray.get(actor.sample_onpolicy.remote(ref, version[0], steps, 0.99))
+        else:
+            batch = ray.get(actor.sample_offpolicy.remote(ref, version[0], steps, 0.1, 0.99, 3))
+        return int(batch["env_steps"])
 
-        out[name] = {**timed_rate(run, seconds), "envs": n_envs, "steps_per_call": steps, "core": core,
-                     "weights_put_ms_median": round(statistics.median(put_seconds) * 1e3, 3)}
-        ray.kill(actor)
-    return out
+    return run
 
 
-def bench_collection(k: int, n_envs: int, steps: int, seconds: float) -> dict[str, Any]:
-    """KubeRL's WorkerSet with k actors: publish weights, one sample call per worker, gather."""
+def collection_stepper(k: int, n_envs: int, steps: int) -> Callable[[], int]:
+    """KubeRL's WorkerSet with k actors, as the learner loop drives it minus the learning: publish new
+    weights, one sample call per worker, gather the batches."""
     import ray
-
     from kuberl.trainer.workers import WorkerSet
 
-    job, algo = job_algorithm("ppo")
+    _job, algo = job_algorithm("ppo")
     args = {"env_id": "CartPole-v1", "env_kwargs": {}, "num_envs": n_envs, "policy": algo.policy_config(),
             "max_episode_steps": None}
     workers = WorkerSet(args, k, False, 0)
     workers.reconcile(wait_for_all=60.0)
     handles = workers.ready()
-    for i, h in enumerate(handles):
-        _pin_actor(h.actor, CORES[i % len(CORES)])
     version = [0]
 
     def run() -> int:
@@ -179,67 +163,71 @@ def bench_collection(k: int, n_envs: int, steps: int, seconds: float) -> dict[st
         batches = workers.call("sample_onpolicy", {h.index: (ref, version[0], steps, 0.99) for h in handles})
         return sum(int(b["env_steps"]) for b in batches.values())
 
-    out = {**timed_rate(run, seconds), "workers": k, "envs_per_worker": n_envs, "steps_per_call": steps,
-           "worker_cores": [CORES[i % len(CORES)] for i in range(len(handles))]}
-    workers.shutdown()
-    return out
+    return run
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", type=int, default=64)
     p.add_argument("--steps", type=int, default=64, help="steps per env per sample call")
-    p.add_argument("--seconds", type=float, default=4.0, help="per measurement (x3, median)")
+    p.add_argument("--seconds", type=float, default=3.0, help="per measurement turn")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of turns (median)")
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "rollout.json")
     args = p.parse_args()
     core = CORES[-1]
     load_before = [round(x, 2) for x in os.getloadavg()]
     t_all = time.perf_counter()
-    all_cores = set(CORES)
+    n, steps, sec, rep = args.envs, args.steps, args.seconds, args.repeats
 
-    print("raw SyncVectorEnv ...", flush=True)
-    raw = bench_raw(args.envs, args.seconds, core)
-    print(f"  {raw['steps_per_second']:,} steps/s", flush=True)
-    print("RolloutWorker in-process ...", flush=True)
-    inproc = bench_worker_inprocess(args.envs, args.steps, args.seconds, core)
-    print(f"  ppo {inproc['ppo']['steps_per_second']:,} dqn {inproc['dqn']['steps_per_second']:,} steps/s", flush=True)
-    os.sched_setaffinity(0, all_cores)  # the driver is not pinned from here on
+    print(f"1-2. raw SyncVectorEnv vs RolloutWorker in-process, {n} envs, pinned to core {core} ...", flush=True)
+    os.sched_setaffinity(0, {core})
+    single = interleaved_rates({"raw_vector_env": raw_stepper(n), "worker_inprocess_ppo": worker_stepper("ppo", n, steps),
+                                "worker_inprocess_dqn": worker_stepper("dqn", n, steps)}, sec, rep)
+    for name, r in single.items():
+        print(f"   {name:24s} {r['steps_per_second']:>9,} steps/s  {r['rounds']}", flush=True)
+    os.sched_setaffinity(0, set(CORES))  # from here on the driver is not pinned
 
     import ray
+    from kuberl.trainer.workers import start_ray
 
-    ray_seconds = _start_ray(2)
-    print(f"ray started in {ray_seconds:.2f}s; RolloutWorker as a Ray actor ...", flush=True)
-    actor = bench_actor(args.envs, args.steps, args.seconds, core)
-    print(f"  ppo {actor['ppo']['steps_per_second']:,} dqn {actor['dqn']['steps_per_second']:,} steps/s", flush=True)
+    ray_seconds = start_ray(None, 2)
+    print(f"ray started in {ray_seconds:.2f}s", flush=True)
+    print(f"3. RolloutWorker as a Ray actor pinned to core {core}, weights via ray.put every call ...", flush=True)
+    actor = interleaved_rates({"worker_actor_ppo": actor_stepper("ppo", n, steps, core),
+                               "worker_actor_dqn": actor_stepper("dqn", n, steps, core)}, sec, rep)
+    for name, r in actor.items():
+        print(f"   {name:24s} {r['steps_per_second']:>9,} steps/s  {r['rounds']}", flush=True)
+
     collection: dict[str, Any] = {}
-    for label, n_envs, steps in ((f"{args.envs}_envs_per_worker", args.envs, args.steps), ("example_job_8x64", 8, 64)):
-        res = {}
-        for k in (1, 2):
-            print(f"collection k={k} ({label}) ...", flush=True)
-            res[f"k{k}"] = bench_collection(k, n_envs, steps, args.seconds)
-            print(f"  {res[f'k{k}']['steps_per_second']:,} steps/s", flush=True)
+    for label, n_envs, n_steps in ((f"{n}_envs_x_{steps}_steps", n, steps), ("example_job_8_envs_x_64_steps", 8, 64)):
+        print(f"4. collection through Ray, k=1 vs k=2 ({label}; actors not pinned) ...", flush=True)
+        res = interleaved_rates({"k1": collection_stepper(1, n_envs, n_steps),
+                                 "k2": collection_stepper(2, n_envs, n_steps)}, sec, rep)
         res["k2_over_k1"] = round(res["k2"]["steps_per_second"] / res["k1"]["steps_per_second"], 2)
+        for name in ("k1", "k2"):
+            print(f"   {name:24s} {res[name]['steps_per_second']:>9,} steps/s  {res[name]['rounds']}", flush=True)
         collection[label] = res
     ray.shutdown()
 
-    raw_rate = raw["steps_per_second"]
+    raw_rate = single["raw_vector_env"]["steps_per_second"]
     result = {
         "benchmark": "rollout throughput, CartPole-v1",
         "machine": {"cpus": os.cpu_count(), "cores_available": CORES, "platform": platform.platform(),
                     "python": platform.python_version(), "numpy": np.__version__, "gymnasium": gym.__version__,
                     "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
                     "loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
                     "note": "shared 2-core machine: other agents' jobs ran concurrently"},
+        "config": {"envs": n, "steps_per_call": steps, "seconds_per_turn": sec, "rounds": rep, "pinned_core": core},
         "ray_start_seconds": round(ray_seconds, 3),
-        "raw_vector_env": raw,
-        "worker_inprocess": inproc,
+        "single_core": single,
         "worker_ray_actor": actor,
         "collection": collection,
         "ratios": {
-            "worker_inprocess_ppo_over_raw": round(inproc["ppo"]["steps_per_second"] / raw_rate, 3),
-            "worker_inprocess_dqn_over_raw": round(inproc["dqn"]["steps_per_second"] / raw_rate, 3),
-            "worker_actor_ppo_over_raw": round(actor["ppo"]["steps_per_second"] / raw_rate, 3),
-            "worker_actor_dqn_over_raw": round(actor["dqn"]["steps_per_second"] / raw_rate, 3),
+            "worker_inprocess_ppo_over_raw": round(single["worker_inprocess_ppo"]["steps_per_second"] / raw_rate, 3),
+            "worker_inprocess_dqn_over_raw": round(single["worker_inprocess_dqn"]["steps_per_second"] / raw_rate, 3),
+            "worker_actor_ppo_over_raw": round(actor["worker_actor_ppo"]["steps_per_second"] / raw_rate, 3),
+            "worker_actor_dqn_over_raw": round(actor["worker_actor_dqn"]["steps_per_second"] / raw_rate, 3),
             "collection_k2_over_k1": {label: res["k2_over_k1"] for label, res in collection.items()},
         },
         "targets": {"one_worker_at_least_half_of_raw": 0.5, "k2_over_k1_at_least": 1.6},

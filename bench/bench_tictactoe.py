@@ -84,7 +84,7 @@ def exact_vs_random(policy: QPolicy, agent_first: bool) -> dict[str, float]:
             moves = free
         total = np.zeros(3)
         for cell in moves:
-            total += outcome(board[:cell] + (mover,) + board[cell + 1:], -mover)
+            total += outcome((*board[:cell], mover, *board[cell + 1:]), -mover)
         return total / len(moves)
 
     win, draw, loss = outcome((0,) * 9, 1)

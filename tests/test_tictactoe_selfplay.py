@@ -126,11 +126,11 @@ def test_opponent_epsilon_mixes_random_moves_into_self_play(epsilon):
     env.set_opponent_policy(opponent)
     moves = 0
     for seed in range(200):
-        obs, info = env.reset(seed=seed)
+        _, info = env.reset(seed=seed)
         done = False
         while not done:
             free = np.flatnonzero(info["action_mask"])
-            obs, _, done, _, info = env.step(int(free[-1]))
+            _, _, done, _, info = env.step(int(free[-1]))
         moves += env.board.count(1)  # the opponent plays X
     share = len(calls) / moves
     assert {0.0: share == 1.0, 0.5: 0.4 < share < 0.6, 1.0: share == 0.0}[epsilon], share
@@ -168,8 +168,9 @@ def test_counts_are_from_the_agents_side():
     as_o = opponent_games(first_free, "self", False, 7, seed=0)
     assert (as_x["wins"], as_x["losses"], as_x["x_wins"]) == (7, 0, 7)
     assert (as_o["wins"], as_o["losses"], as_o["o_wins"]) == (0, 7, 0)
-    # Against random, the same seed gives the same games; a different one, other games.
-    assert opponent_games(first_free, "random", True, 200, 5) == opponent_games(first_free, "random", True, 200, 5)
+    # Against random, the same seed gives the same games.
+    again = opponent_games(first_free, "random", True, 200, 5)
+    assert again == opponent_games(first_free, "random", True, 200, 5)
     with pytest.raises(ValueError, match="opponent='minimax'"):
         opponent_games(first_free, "minimax", True, 1, 0)
 

@@ -65,13 +65,14 @@ def test_short_example_run_plays_self_play_and_reports_opponent_suites(fresh_ray
 
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert set(SUITES) <= set(evaluation)
-    for name, agent_first in zip(SUITES, (True, False, True)):
+    for name, agent_first in zip(SUITES, (True, False, True), strict=True):
         res = evaluation[name]
         assert res["games"] == 200 and res["wins"] + res["draws"] + res["losses"] == 200, name
         assert res["agent_first"] is agent_first
         labels = {"job_name": "tictactoe-dqn", "namespace": "default", "algorithm": "DQN",
                   "environment": "kuberl/TicTacToe-v0", "suite": name}
-        assert seen["metrics"].registry.get_sample_value("kuberl_evaluation_win_rate", labels) == res["win_rate"]
+        registry = seen["metrics"].registry
+        assert registry.get_sample_value("kuberl_evaluation_win_rate", labels) == res["win_rate"]
     mirror = evaluation["self-play"]
     assert mirror["x_wins"] + mirror["draws"] + mirror["o_wins"] == 200
     assert max(mirror["x_wins"], mirror["draws"], mirror["o_wins"]) == 200  # greedy: one game, 200 times

@@ -19,13 +19,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import numpy as np  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
-from protocol import SolveClock, emit, greedy_eval  # noqa: E402
-from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
-from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig  # noqa: E402
-from ray.rllib.utils.metrics import (  # noqa: E402
+import numpy as np
+import ray
+import torch
+from protocol import SolveClock, emit, greedy_eval
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS,
     EPISODE_RETURN_MEAN,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,

@@ -16,12 +16,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from protocol import SolveClock, emit, greedy_eval  # noqa: E402
-from stable_baselines3 import DQN, PPO  # noqa: E402
-from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
-from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+import numpy as np
+import torch
+from protocol import SolveClock, emit, greedy_eval
+from stable_baselines3 import DQN, PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
 
 # rl-baselines3-zoo, hyperparams/ppo.yml, CartPole-v1 ("# Tuned"), checked against the zoo's
 # main branch of 2026-04:

@@ -82,7 +82,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
     )
-    result = train(job, options)
+    try:
+        result = train(job, options)
+    except (RuntimeError, TimeoutError, ConnectionError) as err:  # a clear line, not a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0 if result.ok else 1
 
 

@@ -11,7 +11,6 @@ position until the next refresh: numpy, no torch, a dict lookup for a position s
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import numpy as np
 
