@@ -121,6 +121,9 @@ def run_kuberl(algo: str, workers: int, seed: int, budget_steps: int, budget_sec
         "ray_start_seconds": round(result.ray_start_seconds, 3),
         "process_seconds_in_train": round(total, 3),
         "iterations": result.counters.iterations, "gradient_updates": result.counters.gradient_updates,
+        # where the time went: the learner waiting for batches (sampling + transfer) vs the rest (learning)
+        "learner_wait_seconds": round(result.counters.learner_wait, 3),
+        "worker_idle_seconds": round(result.counters.worker_wait, 3),
         "envs_per_worker": spec.rollout_workers.envs_per_worker, "torch_threads": torch.get_num_threads(),
         "hyperparameters": hyper, **clock.record(clock=row.get("wall_clock")),
     }

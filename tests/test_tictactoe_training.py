@@ -43,39 +43,40 @@ def fresh_ray():
 
 
 def test_short_example_run_plays_self_play_and_reports_opponent_suites(fresh_ray, tmp_path):
-    job = example(max_episodes=4_000, games=200)
-    job["spec"]["rolloutWorkers"]["replicas"] = 2
-    job["spec"]["algorithm"]["dqn"].update(learningStarts=1_000, trainFrequency=256)
+    job = example(max_episodes=3_000, games=100)
+    job["spec"]["rolloutWorkers"].update(replicas=2, envsPerWorker=32)
+    job["spec"]["algorithm"]["dqn"].update(learningStarts=500, trainFrequency=256, batchSize=256)
     job["spec"]["environment"]["kwargs"]["opponent_refresh_updates"] = 2
-    seen: dict = {}
+    seen: dict = {"opponents": []}
 
     def observe(row, loop):
         seen["metrics"] = loop.metrics
-        if row["gradient_updates"] >= 6 and "opponents" not in seen:
+        if row["gradient_updates"] > 0 and row["iteration"] % 4 == 0:
             handles = loop.workers.ready()
-            seen["opponents"] = ray.get([h.actor.run.remote(_opponent_state) for h in handles])
+            seen["opponents"].append(ray.get([h.actor.run.remote(_opponent_state) for h in handles]))
 
     result = train(parse_job(job), TrainOptions(run_dir=tmp_path, metrics_port=0, progress=False,
                                                 on_iteration=observe))
     assert result.ok and result.reason == "max_episodes"
-    # Both workers hold a frozen copy taken after learning began, and it has been playing.
-    assert len(seen["opponents"]) == 2
-    for version, calls in seen["opponents"]:
+    # Both workers hold a frozen copy, refreshed after learning began, and it has been playing.
+    last = seen["opponents"][-1]
+    assert len(last) == 2
+    for version, calls in last:
         assert version is not None and version >= 2 and calls > 0
 
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     assert set(SUITES) <= set(evaluation)
     for name, agent_first in zip(SUITES, (True, False, True), strict=True):
         res = evaluation[name]
-        assert res["games"] == 200 and res["wins"] + res["draws"] + res["losses"] == 200, name
+        assert res["games"] == 100 and res["wins"] + res["draws"] + res["losses"] == 100, name
         assert res["agent_first"] is agent_first
         labels = {"job_name": "tictactoe-dqn", "namespace": "default", "algorithm": "DQN",
                   "environment": "kuberl/TicTacToe-v0", "suite": name}
         registry = seen["metrics"].registry
         assert registry.get_sample_value("kuberl_evaluation_win_rate", labels) == res["win_rate"]
     mirror = evaluation["self-play"]
-    assert mirror["x_wins"] + mirror["draws"] + mirror["o_wins"] == 200
-    assert max(mirror["x_wins"], mirror["draws"], mirror["o_wins"]) == 200  # greedy: one game, 200 times
+    assert mirror["x_wins"] + mirror["draws"] + mirror["o_wins"] == 100
+    assert max(mirror["x_wins"], mirror["draws"], mirror["o_wins"]) == 100  # greedy: one game, 100 times
 
 
 @pytest.mark.slow

@@ -69,12 +69,12 @@ class ActorCritic(nn.Module):
         if kind == "Discrete":
             if mask is not None:
                 out = out.masked_fill(~mask.bool(), -1e9)
-            dist = torch.distributions.Categorical(logits=out)
+            dist = torch.distributions.Categorical(logits=out, validate_args=False)  # hot path: skip checks
             return dist.log_prob(actions.long()), dist.entropy(), self.value(obs)
         if kind == "MultiDiscrete":
             logps, ents, start = 0.0, 0.0, 0
             for j, n in enumerate(self.info.action_dims):
-                dist = torch.distributions.Categorical(logits=out[:, start : start + n])
+                dist = torch.distributions.Categorical(logits=out[:, start : start + n], validate_args=False)
                 logps = logps + dist.log_prob(actions[:, j].long())
                 ents = ents + dist.entropy()
                 start += n

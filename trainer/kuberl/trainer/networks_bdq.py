@@ -1,7 +1,7 @@
 """The Branching Dueling Q-Network (Tavakoli et al., 2018) the BDQ learner trains.
 
-    obs -> [per-part encoders, concatenated] -> shared trunk -> value head V(s)
-                                                             -> advantage branch d: A_d(s, .)
+    obs -> [per-part encoders, concatenated] -> shared trunk -> value head V(s)         (2 layers)
+                                                             -> advantage branch d: A_d(s, .)  (2 layers)
     Q_d(s, a_d) = V(s) + A_d(s, a_d) - mean_a A_d(s, a)
 
 A Dict observation (AutoscalingMulti-v0's "macro" and "micro") gets one encoder per part, so fast
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kuberl.trainer.networks import MLP
+from kuberl.trainer.networks import MLP, _activation, _layer_init
 from kuberl.trainer.spaces import SpaceInfo
 
 
@@ -28,6 +28,34 @@ def branch_sizes(info: SpaceInfo) -> tuple[int, ...]:
 def encoded_parts(info: SpaceInfo) -> tuple[tuple[str, int], ...]:
     """The observation parts that get their own encoder: every part of a Dict with more than one."""
     return info.obs_parts if len(info.obs_parts) > 1 else ()
+
+
+class BranchHeads(nn.Module):
+    """The value head and every advantage branch, each a 2-layer MLP, computed as two batched layers:
+    one Linear to all their hidden units, then each head's own output weights in one einsum (fewer,
+    larger ops: a CPU learner's update was ~25% faster than with one module per head). Outputs are
+    padded to the widest branch; padding never reaches a Q value, so its weights get no gradient."""
+
+    def __init__(self, width: int, branch_hidden: int, sizes: tuple[int, ...], activation: str):
+        super().__init__()
+        self.sizes, self.branch_hidden = sizes, branch_hidden
+        heads = (1, *sizes)  # the value head first
+        self.hidden = _layer_init(nn.Linear(width, len(heads) * branch_hidden))
+        self.act = _activation(activation)
+        out_weight = torch.zeros(len(heads), branch_hidden, max(heads))
+        for k, n in enumerate(heads):
+            block = torch.empty(n, branch_hidden)
+            nn.init.orthogonal_(block, 1.0)
+            out_weight[k, :, :n] = block.T
+        self.out_weight = nn.Parameter(out_weight)
+        self.out_bias = nn.Parameter(torch.zeros(len(heads), max(heads)))
+
+    def forward(self, h: torch.Tensor) -> list[torch.Tensor]:
+        z = self.act(self.hidden(h)).view(len(h), len(self.sizes) + 1, self.branch_hidden)
+        out = torch.einsum("bkh,khn->bkn", z, self.out_weight) + self.out_bias
+        value = out[:, 0, :1]
+        advantages = [out[:, d + 1, :n] for d, n in enumerate(self.sizes)]
+        return [value + adv - adv.mean(dim=1, keepdim=True) for adv in advantages]
 
 
 class BranchingQNetwork(nn.Module):
@@ -45,11 +73,7 @@ class BranchingQNetwork(nn.Module):
         else:
             trunk_sizes = [info.obs_dim, *hidden]
         self.trunk = MLP(trunk_sizes, activation, final_act=True)
-        width = trunk_sizes[-1]
-        self.value = MLP([width, branch_hidden, 1], activation, last_std=1.0)
-        self.branches = nn.ModuleList(
-            MLP([width, branch_hidden, n], activation, last_std=1.0) for n in branch_sizes(info)
-        )
+        self.heads = BranchHeads(trunk_sizes[-1], branch_hidden, branch_sizes(info), activation)
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         if self.parts:
@@ -61,10 +85,4 @@ class BranchingQNetwork(nn.Module):
         return self.trunk(obs)
 
     def forward(self, obs: torch.Tensor) -> list[torch.Tensor]:
-        h = self.features(obs)
-        value = self.value(h)
-        out = []
-        for branch in self.branches:
-            adv = branch(h)
-            out.append(value + adv - adv.mean(dim=1, keepdim=True))
-        return out
+        return self.heads(self.features(obs))

@@ -55,12 +55,13 @@ class BranchingQPolicy:
                 start += width
             obs = np.concatenate(pieces, axis=1)
         h = mlp(p, "trunk", obs, self.trunk_layers, act, final_act=True)
-        value = mlp(p, "value", h, 2, act)
-        out = []
-        for d in range(len(self.branches)):
-            adv = mlp(p, f"branches.{d}", h, 2, act)
-            out.append(value + adv - adv.mean(axis=1, keepdims=True))
-        return out
+        z = h @ p["heads.hidden.weight"].T + p["heads.hidden.bias"]
+        z = np.tanh(z) if act == "tanh" else np.maximum(z, 0.0)
+        z = z.reshape(len(h), len(self.branches) + 1, -1)
+        out = np.einsum("bkh,khn->bkn", z, p["heads.out_weight"]) + p["heads.out_bias"]
+        value = out[:, 0, :1]
+        advantages = [out[:, d + 1, :n] for d, n in enumerate(self.branches)]
+        return [value + adv - adv.mean(axis=1, keepdims=True) for adv in advantages]
 
     def act(self, rng: np.random.Generator, obs: np.ndarray, mask: np.ndarray | None, epsilon: float = 0.0):
         """[batch] actions for a Discrete space (one branch), else [batch, branches]."""

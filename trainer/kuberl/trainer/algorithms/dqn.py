@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kuberl.api.job import DQNConfig
-from kuberl.trainer.algorithms.base import Algorithm, LearnStats, linear_schedule
+from kuberl.trainer.algorithms.base import Algorithm, LearnStats, linear_schedule, make_adam
 from kuberl.trainer.buffers import ReplayBuffer
 from kuberl.trainer.networks import QNetwork, numpy_params
 
@@ -52,7 +52,7 @@ class DQN(Algorithm):
         self.q_target = self._make_network(info, hidden, act).to(device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.learning_rate)
+        self.optimizer = make_adam(self.q.parameters(), device, lr=cfg.learning_rate)
         self.buffer = self._make_buffer(info, device)
         self._steps_since_train = 0
         self._held_back = 0  # updates owed but held back by async collection's staleness bound

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from kuberl.api.job import PPOConfig
-from kuberl.trainer.algorithms.base import Algorithm, LearnStats
+from kuberl.trainer.algorithms.base import Algorithm, LearnStats, make_adam
 from kuberl.trainer.networks import ActorCritic, numpy_params
 
 
@@ -43,7 +43,7 @@ class PPO(Algorithm):
         super().__init__(cfg, info, device, seed, total_env_steps)
         torch.manual_seed(seed)
         self.net = ActorCritic(info, cfg.network.hidden_sizes, cfg.network.activation).to(device)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5)
+        self.optimizer = make_adam(self.net.parameters(), device, lr=cfg.learning_rate, eps=1e-5)
 
     def policy_config(self) -> dict[str, Any]:
         return {"kind": "ppo", "n_layers": len(self.cfg.network.hidden_sizes),
