@@ -35,11 +35,11 @@ THRESHOLD_UPPERS = (0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.2)
 THRESHOLD_LOWERS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 #: Env steps each learner trains for, per pattern (fit ~15 minutes for the whole benchmark on 2 cores).
-BUDGETS = {"qlearning": 300_000, "dqn": 40_000, "ppo": 200_000, "bdq": 40_000}
+BUDGETS = {"qlearning": 200_000, "dqn": 40_000, "ppo": 150_000, "bdq": 40_000}
 
 PPO_ALGORITHM = {
     "name": "PPO",
-    "ppo": {"learningRate": 0.001, "rolloutSteps": 128, "gamma": 0.97, "gaeLambda": 0.95, "epochs": 4,
+    "ppo": {"learningRate": 0.001, "rolloutSteps": 64, "gamma": 0.95, "gaeLambda": 0.95, "epochs": 4,
             "minibatches": 4, "entropyCoef": 0.01, "network": {"hiddenSizes": [64, 64], "activation": "tanh"}},
 }
 

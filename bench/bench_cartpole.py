@@ -76,15 +76,24 @@ def contenders(budget_steps: int, budget_seconds: float, hold_seconds: float, sm
 
 
 def run_kuberl(algo: str, workers: int, seed: int, budget_steps: int, budget_seconds: float, hold: bool,
-               curve_every: int, recheck_steps: int) -> dict[str, Any]:
+               curve_every: int, recheck_steps: int, overrides: list[str]) -> dict[str, Any]:
     import logging
 
-    from kuberl.api.load import load_job_file
+    import yaml
+    from kuberl.api.load import parse_job
     from kuberl.trainer.evaluation import greedy_episodes
     from kuberl.trainer.run import TrainOptions, train
 
     example = REPO / "examples" / f"cartpole-{algo}.yaml"
-    job = load_job_file(example)
+    data = yaml.safe_load(example.read_text())
+    for item in overrides:  # --set algorithm.dqn.bufferSize=300000 (paths under spec, camelCase as in YAML)
+        path, _, value = item.partition("=")
+        node = data["spec"]
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = yaml.safe_load(value)
+    job = parse_job(data, source=str(example))
     spec = job.spec
     spec.stopping.target_return = None  # the protocol decides when it is solved
     spec.stopping.max_wall_clock_seconds = budget_seconds * 3  # the protocol's clock (less eval) ends it first
@@ -125,7 +134,7 @@ def run_kuberl(algo: str, workers: int, seed: int, budget_steps: int, budget_sec
         "learner_wait_seconds": round(result.counters.learner_wait, 3),
         "worker_idle_seconds": round(result.counters.worker_wait, 3),
         "envs_per_worker": spec.rollout_workers.envs_per_worker, "torch_threads": torch.get_num_threads(),
-        "hyperparameters": hyper, **clock.record(clock=row.get("wall_clock")),
+        "hyperparameters": hyper, "overrides": overrides, **clock.record(clock=row.get("wall_clock")),
     }
 
 
@@ -218,6 +227,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--one", choices=["kuberl-ppo", "kuberl-dqn"], help="one KubeRL run in this process")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--set", action="append", metavar="PATH=VALUE",
+                   help="with --one: override a field of the example job's spec, e.g. algorithm.dqn.tau=0.001")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hold", action="store_true")
     p.add_argument("--curve-every", type=int, default=CURVE_EVERY)
@@ -227,19 +238,20 @@ def main() -> None:
     p.add_argument("--hold-seconds", type=float, default=HOLD_SECONDS)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--only", nargs="+", help="contenders to run (default: all)")
-    p.add_argument("--smoke", action="store_true", help="tiny budgets; writes bench/results/cartpole-smoke.json")
+    p.add_argument("--smoke", action="store_true", help="tiny budgets; writes bench/.cache/cartpole-smoke.json")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args()
 
     if args.one:
         res = run_kuberl(args.one.split("-")[1], args.workers, args.seed, args.budget_steps, args.budget_seconds,
-                         args.hold, args.curve_every, args.recheck_steps)
+                         args.hold, args.curve_every, args.recheck_steps, args.set or [])
         emit(res)
         return
 
     if args.smoke:
         args.budget_steps, args.budget_seconds, args.hold_seconds = 6_000, 30.0, 60.0
-    output = args.output or BENCH / "results" / ("cartpole-smoke.json" if args.smoke else "cartpole.json")
+    default_output = BENCH / ".cache" / "cartpole-smoke.json" if args.smoke else BENCH / "results" / "cartpole.json"
+    output = args.output or default_output
     table = contenders(args.budget_steps, args.budget_seconds, args.hold_seconds, args.smoke)
     names = args.only or list(table)
     unknown = set(names) - set(table)

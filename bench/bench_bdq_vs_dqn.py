@@ -1,0 +1,121 @@
+"""BDQ against DQN on the flattened action space of AutoscalingMulti-v0: env steps to the same return.
+
+AutoscalingMulti-v0 acts on three dimensions at once, MultiDiscrete([3, 3, 3]). BDQ learns one
+advantage branch per dimension (3 + 3 + 3 outputs); DQN needs the product flattened into
+Discrete(27) (`FlatActions` below) and learns 27 Q values. Three runs on the same load pattern,
+seed, hyperparameters (examples/autoscaling-bdq.yaml's) and step budget, each stopped once its
+training return over the last 32 episodes reaches the target, the best threshold autoscaler's mean
+return on this pattern (tier and priority searched too):
+  - BDQ with the macro/micro observation split (the example as it is),
+  - BDQ on the flat observation (observation_split: false): the branching alone,
+  - DQN on the flat observation and the flattened actions.
+
+    .venv/bin/python bench/bench_bdq_vs_dqn.py [--pattern SPIKE] [--budget 80000] \
+        [--output bench/results/bdq_vs_dqn.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+class FlatActions(gym.ActionWrapper):
+    """AutoscalingMulti-v0 with its MultiDiscrete action flattened to one Discrete index (C order:
+    the last dimension varies fastest). Used as `bench_bdq_vs_dqn:FlatAutoscalingMulti`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.nvec = np.asarray(env.action_space.nvec)
+        self.action_space = gym.spaces.Discrete(int(np.prod(self.nvec)))
+
+    def action(self, action):
+        return np.array(np.unravel_index(int(action), tuple(self.nvec)), dtype=np.int64)
+
+
+def FlatAutoscalingMulti(**kwargs) -> gym.Env:  # noqa: N802 (an env "class" for module:Class ids)
+    from kuberl.trainer.envs.autoscaling import AutoscalingMultiEnv
+
+    return FlatActions(AutoscalingMultiEnv(**{**kwargs, "observation_split": False}))
+
+
+def run(name: str, job: dict[str, Any], work: Path) -> dict[str, Any]:
+    from bench_autoscaling import train_job
+
+    crossed: dict[str, Any] = {}
+    target = job["spec"]["stopping"]["targetReturn"]
+
+    def observe(row, loop):
+        if "env_steps" not in crossed and row["mean_return"] is not None and row["mean_return"] >= target:
+            crossed.update(env_steps=row["env_steps"], seconds=row["wall_clock"], episodes=row["episodes"])
+
+    out = train_job(job, work / name, on_iteration=observe)
+    out["reached_target"] = bool(crossed)
+    out["env_steps_to_target"] = crossed.get("env_steps")
+    out["seconds_to_target"] = crossed.get("seconds")
+    print(f"{name}: {out}", flush=True)
+    return out
+
+
+def main() -> None:
+    from bench_autoscaling import best_threshold, bench_job, example_job, machine
+    from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
+    from kuberl.trainer.workers import start_ray
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pattern", default="SPIKE")
+    parser.add_argument("--budget", type=int, default=80_000, help="env steps per run at most")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-bdq-vs-dqn"))
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "bdq_vs_dqn.json")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"machine_before": machine(), "pattern": args.pattern, "budget_env_steps": args.budget}
+    t0 = time.perf_counter()
+
+    base = example_job("bdq")
+    kwargs = {**base["spec"]["environment"]["kwargs"], "load_pattern": args.pattern}
+    threshold = best_threshold(AUTOSCALING_MULTI_ID, kwargs)
+    report["threshold"] = threshold
+    target = threshold["mean_return"]
+
+    def job(env_id: str, algorithm: dict[str, Any], split: bool, name: str) -> dict[str, Any]:
+        j = bench_job(base, args.pattern, args.budget, algorithm=algorithm, name=name)
+        j["spec"]["environment"]["id"] = env_id
+        j["spec"]["environment"]["kwargs"]["observation_split"] = split
+        j["spec"]["stopping"].update(targetReturn=target, returnWindow=32)
+        return j
+
+    bdq = base["spec"]["algorithm"]
+    dqn = {"name": "DQN", "dqn": {k: v for k, v in bdq["bdq"].items()
+                                  if k not in ("branchHiddenSize", "targetAggregation")}}
+    flat_env = "bench_bdq_vs_dqn:FlatAutoscalingMulti"
+    start_ray(None, local_slots=2)
+    report["runs"] = {
+        "bdq_macro_micro": run("bdq_macro_micro", job(AUTOSCALING_MULTI_ID, copy.deepcopy(bdq), True, "bdq-split"),
+                               args.work_dir),
+        "bdq_flat_obs": run("bdq_flat_obs", job(AUTOSCALING_MULTI_ID, copy.deepcopy(bdq), False, "bdq-flat"),
+                            args.work_dir),
+        "dqn_flat_actions": run("dqn_flat_actions", job(flat_env, dqn, False, "dqn-flat"), args.work_dir),
+    }
+    steps = {k: v["env_steps_to_target"] for k, v in report["runs"].items()}
+    if steps["dqn_flat_actions"] and steps["bdq_macro_micro"]:
+        report["dqn_steps_over_bdq_steps"] = round(steps["dqn_flat_actions"] / steps["bdq_macro_micro"], 2)
+    report["total_seconds"] = round(time.perf_counter() - t0, 1)
+    report["machine_after"] = machine()
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
