@@ -7,7 +7,9 @@ workers on an embedded Ray, one after the other in this process, and records per
     second, and self-play (the greedy policy against itself),
   - the exact win/draw/loss probabilities of the final greedy policy against uniform random,
     computed over the whole game tree (1,000 sampled games can be lucky; these cannot),
-  - the load average before and after: the machine's cores are shared with other work.
+  - the CPU seconds the learner and each rollout worker spent training (from the first to the
+    last iteration), and the load average before and after: the machine's cores are shared with
+    other work, so wall-clock includes time spent waiting for a core and CPU seconds do not.
 
     .venv/bin/python bench/bench_tictactoe.py [--workers 1 2] [--output bench/results/tictactoe.json]
 """
@@ -15,6 +17,7 @@ workers on an embedded Ray, one after the other in this process, and records per
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import ray
 import torch
 import yaml
 
@@ -92,11 +96,44 @@ def exact_vs_random(policy: QPolicy, agent_first: bool) -> dict[str, float]:
             "expected_losses_per_1000": round(1000 * loss, 3)}
 
 
-def run_one(workers: int, run_dir: Path) -> dict:
+class CpuMeter:
+    """CPU seconds of the learner (this process) and of each rollout worker between the first and the
+    last training iteration, read from /proc/<pid>/stat of the workers (Linux)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.pids: dict[str, int] = {}
+
+    def _read(self) -> dict[str, float]:
+        out = {"learner": time.process_time()}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(FileNotFoundError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        return out
+
+    def __call__(self, row, loop) -> None:
+        if not self.pids:
+            self.pids = {f"worker-{h.index}": ray.get(h.actor.pid.remote()) for h in loop.workers.ready()}
+        reading = self._read()
+        if not self.first:
+            self.first = reading
+        self.last = reading
+
+    def seconds(self) -> dict[str, float]:
+        return {k: round(self.last[k] - self.first[k], 2) for k in self.first if k in self.last}
+
+
+def run_one(workers: int, run_dir: Path, max_episodes: int | None) -> dict:
     job = parse_job(yaml.safe_load(EXAMPLE.read_text()))
+    if max_episodes is not None:
+        job.spec.stopping.max_episodes = max_episodes
     load_before = os.getloadavg()
+    cpu = CpuMeter()
     t0 = time.perf_counter()
-    result = train(job, TrainOptions(run_dir=run_dir, workers=workers, metrics_port=0, progress=False))
+    result = train(job, TrainOptions(run_dir=run_dir, workers=workers, metrics_port=0, progress=False,
+                                     on_iteration=cpu))
     total = time.perf_counter() - t0
     c = result.counters
     ev = result.evaluation
@@ -113,6 +150,7 @@ def run_one(workers: int, run_dir: Path) -> dict:
         "episodes_per_second": round(c.episodes / c.wall_clock, 1),
         "ray_start_seconds": round(result.ray_start_seconds, 2),
         "evaluation_and_shutdown_seconds": round(total - c.wall_clock - result.ray_start_seconds, 2),
+        "cpu_seconds_training": cpu.seconds(),
         "learner_wait_seconds": round(c.learner_wait, 2),
         "worker_wait_seconds": round(c.worker_wait, 2),
         "suites": suites,
@@ -137,11 +175,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--output", default=str(REPO / "bench" / "results" / "tictactoe.json"))
+    parser.add_argument("--max-episodes", type=int, help="override the example's 100k (quick checks only)")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-ttt-") as tmp:
         for k in args.workers:
-            run = run_one(k, Path(tmp) / f"k{k}")
+            run = run_one(k, Path(tmp) / f"k{k}", args.max_episodes)
             run["meets_target"] = verdict(run)
             runs.append(run)
             print(json.dumps(run, indent=2))
