@@ -35,7 +35,7 @@ THRESHOLD_UPPERS = (0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.2)
 THRESHOLD_LOWERS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 #: Env steps each learner trains for, per pattern (fit ~15 minutes for the whole benchmark on 2 cores).
-BUDGETS = {"qlearning": 200_000, "dqn": 40_000, "ppo": 150_000, "bdq": 40_000}
+BUDGETS = {"qlearning": 200_000, "dqn": 60_000, "ppo": 150_000, "bdq": 60_000}
 
 PPO_ALGORITHM = {
     "name": "PPO",

@@ -81,12 +81,15 @@ def test_short_example_run_plays_self_play_and_reports_opponent_suites(fresh_ray
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_quarter_of_the_example_budget_never_loses_moving_first(fresh_ray, tmp_path, seed):
-    job = example(max_episodes=25_000, seed=seed)
+def test_a_third_of_the_example_budget_never_loses_moving_first(fresh_ray, tmp_path, seed):
+    """30k episodes, with exploration and update rate scaled to the shorter budget (epsilon decays over
+    50k env steps instead of 100k; an update per 64 env steps instead of 128)."""
+    job = example(max_episodes=30_000, seed=seed)
+    job["spec"]["algorithm"]["dqn"].update(explorationSteps=50_000, trainFrequency=64)
     job["spec"]["evaluation"]["suites"] = [s for s in job["spec"]["evaluation"]["suites"]
                                            if s["name"] == "vs-random-first"]
     result = train(parse_job(job), TrainOptions(run_dir=tmp_path, metrics_port=0, progress=False))
     first = result.evaluation["vs-random-first"]
     assert first["games"] == 1000
     assert first["losses"] == 0, first
-    assert first["win_rate"] >= 0.85, first
+    assert first["win_rate"] >= 0.95, first
