@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]

@@ -44,7 +44,7 @@ class FlatActions(gym.ActionWrapper):
         return np.array(np.unravel_index(int(action), tuple(self.nvec)), dtype=np.int64)
 
 
-def FlatAutoscalingMulti(**kwargs) -> gym.Env:  # noqa: N802 (an env "class" for module:Class ids)
+def FlatAutoscalingMulti(**kwargs) -> gym.Env:
     from kuberl.trainer.envs.autoscaling import AutoscalingMultiEnv
 
     return FlatActions(AutoscalingMultiEnv(**{**kwargs, "observation_split": False}))

@@ -65,7 +65,8 @@ def test_baseline_suites_run_on_the_policy_evaluation_seeds():
          "baselineParams": {"upper": 0.9, "lower": 0.5}},
         {"name": "tuned", "kind": "baseline", "baseline": "threshold", "episodes": 3,
          "baselineParams": {"tuning_episodes": 2}},
-        {"name": "typo", "kind": "baseline", "baseline": "threshold", "baselineParams": {"uper": 0.9}},
+        {"name": "typo", "kind": "baseline", "baseline": "threshold", "episodes": 3,
+         "baselineParams": {"uper": 0.9}},
     ]}
     spec = parse_job(job_dict).spec
     fixed, tuned, typo = spec.evaluation.suites
@@ -78,6 +79,9 @@ def test_baseline_suites_run_on_the_policy_evaluation_seeds():
     assert tuned_result["tuning_seeds"] == [10, 11]
     with pytest.raises(ValueError, match=r"suites\[typo\].baselineParams: key 'uper' is not allowed"):
         baseline_suite(spec, typo, None, None, -1)
+    single_env_tier = typo.model_copy(update={"baseline_params": {"tier": 1}})
+    with pytest.raises(ValueError, match=r"key 'tier' is not allowed; allowed keys: upper, lower, tuning_episodes"):
+        baseline_suite(spec, single_env_tier, None, None, -1)
 
     other = copy.deepcopy(job_dict)
     other["spec"]["environment"] = {"id": "CartPole-v1"}

@@ -11,7 +11,6 @@ import torch
 
 from kuberl.api.job import BDQConfig, NetworkSpec
 from kuberl.trainer.algorithms.bdq import BDQ, bdq_targets
-from kuberl.trainer.networks import numpy_params
 from kuberl.trainer.networks_bdq import BranchingQNetwork
 from kuberl.trainer.policy_registry import BranchingQPolicy, make_policy
 from kuberl.trainer.spaces import space_info

@@ -87,7 +87,8 @@ def opponent_games(policy, opponent: str, agent_first: bool, games: int, seed: i
 #: The threshold grid searched when a suite does not fix upper/lower (pairs with lower >= upper skipped).
 THRESHOLD_UPPERS = (0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.2)
 THRESHOLD_LOWERS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-_THRESHOLD_KEYS = ("upper", "lower", "tier", "priority", "tuning_episodes")
+_THRESHOLD_KEYS = ("upper", "lower", "tuning_episodes")
+_MULTI_THRESHOLD_KEYS = (*_THRESHOLD_KEYS, "tier", "priority")
 _RANDOM_KEYS = ("seed",)
 
 
@@ -118,11 +119,12 @@ def baseline_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
             env.close()
         return {"baseline": "random", "params": {"seed": seed}, **summarize(returns, lengths)}
     if suite.baseline == "threshold":
-        _check_keys(f"{field}.baselineParams", params, _THRESHOLD_KEYS)
-        tuning_episodes = int(params.pop("tuning_episodes", 5))
-        first_tuning_seed = ev.seed + max(ev.episodes, suite.episodes)
-        tuning_seeds = list(range(first_tuning_seed, first_tuning_seed + tuning_episodes))
         multi = _is_multi(env_spec.id, field)
+        _check_keys(f"{field}.baselineParams", params, _MULTI_THRESHOLD_KEYS if multi else _THRESHOLD_KEYS)
+        tuning_episodes = int(params.pop("tuning_episodes", 5))
+        # After every seed any suite evaluates on, so the tuning never sees an evaluation episode.
+        first_tuning_seed = ev.seed + max([ev.episodes] + [s.episodes for s in ev.suites])
+        tuning_seeds = list(range(first_tuning_seed, first_tuning_seed + tuning_episodes))
         chosen, tuned_return = tune_threshold(make, params, tuning_seeds, multi)
         env = make()
         try:
@@ -133,7 +135,7 @@ def baseline_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
         if tuned_return is not None:
             result.update(tuning_seeds=[tuning_seeds[0], tuning_seeds[-1]], tuning_mean_return=tuned_return)
         return result
-    raise ValueError(f"{field}.baseline: {suite.baseline!r} is not allowed for kind baseline; "
+    raise ValueError(f"{field}.baseline: required for kind baseline, got {suite.baseline!r}; "
                      "allowed values: random, threshold")
 
 

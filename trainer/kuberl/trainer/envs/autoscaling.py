@@ -52,6 +52,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from kuberl.trainer.envs.kwargs import config_from_kwargs
 from kuberl.trainer.envs.load_patterns import LOAD_PATTERNS, LoadParams, check_pattern, generate_load
 
 ACTION_REMOVE, ACTION_KEEP, ACTION_ADD = 0, 1, 2
@@ -126,14 +128,6 @@ _INITIAL_UTILISATION = 0.7  # sizing of the starting fleet when initial_instance
 _MAX_RHO = 0.99
 
 
-def _config_from_kwargs(cls, kwargs: Mapping[str, Any]):
-    allowed = tuple(f.name for f in dataclasses.fields(cls))
-    for key in kwargs:
-        if key not in allowed:
-            raise ValueError(f"env kwarg {key!r} is not allowed; allowed kwargs: {', '.join(allowed)}")
-    return cls(**kwargs)
-
-
 @dataclass(frozen=True)
 class AutoscalingConfig:
     """Keyword arguments of kuberl/Autoscaling-v0 (also the first part of the multi env's)."""
@@ -192,7 +186,7 @@ class AutoscalingConfig:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> AutoscalingConfig:
         """Build from env kwargs; an unknown name or a bad value raises ValueError naming it."""
-        return _config_from_kwargs(cls, kwargs)
+        return config_from_kwargs(cls, kwargs)
 
 
 @dataclass(frozen=True)

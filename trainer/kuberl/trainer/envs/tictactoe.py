@@ -27,6 +27,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from kuberl.trainer.envs.kwargs import config_from_kwargs
+
 Policy = Callable[[np.ndarray, np.ndarray], Any]
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -34,14 +36,6 @@ _LINES_THROUGH = tuple(tuple(line for line in LINES if cell in line) for cell in
 OPPONENTS = ("random", "self", "mix")
 AGENT_FIRST_VALUES = (True, False, "alternate", "random")
 OBS_SIZE = 18
-
-
-def _config_from_kwargs(cls, kwargs: Mapping[str, Any]):
-    allowed = tuple(f.name for f in dataclasses.fields(cls))
-    for key in kwargs:
-        if key not in allowed:
-            raise ValueError(f"env kwarg {key!r} is not allowed; allowed kwargs: {', '.join(allowed)}")
-    return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -108,7 +102,7 @@ class TicTacToeConfig:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> TicTacToeConfig:
         """Build from env kwargs; an unknown name or a bad value raises ValueError naming it."""
-        return _config_from_kwargs(cls, kwargs)
+        return config_from_kwargs(cls, kwargs)
 
 
 # --- pure helpers ------------------------------------------------------------------------------
