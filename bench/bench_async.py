@@ -1,7 +1,7 @@
 """Asynchronous against synchronous collection for DQN on the same env-step budget.
 
-examples/autoscaling-dqn.yaml (Autoscaling-v0, SINE_CURVE) trained twice with 2 rollout workers,
-`collection.mode: sync` then `async` (queueSize 2, maxStaleness 1000), same seed and budget. Reported
+examples/autoscaling-dqn.yaml (Autoscaling-v0, SINE_CURVE) trained with 1 and with 2 rollout workers,
+each `collection.mode: sync` then `async` (queueSize 2, maxStaleness 1000), same seed and budget. Reported
 per run: learner updates per second, env steps per second, wall-clock until the training return
 (mean of the last 32 episodes) first reaches the target (the best threshold autoscaler's mean
 return), the greedy evaluation return, and the two wait metrics (kuberl_learner_wait_seconds_total,
@@ -43,30 +43,34 @@ def main() -> None:
     report["target_return"] = target
     start_ray(None, local_slots=2)
     report["runs"] = {}
-    for mode in ("sync", "async"):
-        job = bench_job(example_job("dqn"), args.pattern, args.budget, name=f"bench-{mode}")
-        job["spec"]["collection"] = {"mode": mode, "queueSize": 2, "maxStaleness": 1000, "fragmentSteps": 32}
-        job["spec"]["stopping"]["returnWindow"] = 32
-        seen: dict[str, Any] = {}
+    for workers in (1, 2):
+        for mode in ("sync", "async"):
+            job = bench_job(example_job("dqn"), args.pattern, args.budget, name=f"bench-{mode}-{workers}")
+            job["spec"]["rolloutWorkers"]["replicas"] = workers
+            job["spec"]["collection"] = {"mode": mode, "queueSize": 2, "maxStaleness": 1000, "fragmentSteps": 32}
+            job["spec"]["stopping"]["returnWindow"] = 32
+            seen: dict[str, Any] = {}
 
-        def observe(row, loop, seen=seen):
-            seen["row"] = row
-            if "seconds_to_target" not in seen and row["mean_return"] is not None and row["mean_return"] >= target \
-                    and row["episodes"] >= 32:
-                seen.update(seconds_to_target=row["wall_clock"], env_steps_to_target=row["env_steps"])
+            def observe(row, loop, seen=seen):
+                seen["row"] = row
+                if "seconds_to_target" not in seen and row["mean_return"] is not None \
+                        and row["mean_return"] >= target and row["episodes"] >= 32:
+                    seen.update(seconds_to_target=row["wall_clock"], env_steps_to_target=row["env_steps"])
 
-        out = train_job(job, args.work_dir / mode, on_iteration=observe)
-        last = seen["row"]
-        out.update(
-            updates_per_second=round(out["gradient_updates"] / last["wall_clock"], 1),
-            env_steps_per_second=round(out["env_steps"] / last["wall_clock"], 1),
-            seconds_to_target=seen.get("seconds_to_target"), env_steps_to_target=seen.get("env_steps_to_target"),
-            learner_wait_seconds=round(last["learner_wait"], 2), worker_weight_wait_seconds=round(last["worker_wait"], 2),
-        )
-        report["runs"][mode] = out
-        print(f"{mode}: {out}", flush=True)
-    sync, async_ = report["runs"]["sync"], report["runs"]["async"]
-    report["async_over_sync_updates_per_second"] = round(async_["updates_per_second"] / sync["updates_per_second"], 2)
+            out = train_job(job, args.work_dir / f"{mode}-{workers}", on_iteration=observe)
+            last = seen["row"]
+            out.update(
+                updates_per_second=round(out["gradient_updates"] / last["wall_clock"], 1),
+                env_steps_per_second=round(out["env_steps"] / last["wall_clock"], 1),
+                seconds_to_target=seen.get("seconds_to_target"), env_steps_to_target=seen.get("env_steps_to_target"),
+                learner_wait_seconds=round(last["learner_wait"], 2),
+                worker_weight_wait_seconds=round(last["worker_wait"], 2),
+            )
+            report["runs"][f"{workers}_workers_{mode}"] = out
+            print(f"{workers} workers {mode}: {out}", flush=True)
+    report["async_over_sync_updates_per_second"] = {
+        f"{k}_workers": round(report["runs"][f"{k}_workers_async"]["updates_per_second"]
+                              / report["runs"][f"{k}_workers_sync"]["updates_per_second"], 2) for k in (1, 2)}
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["machine_after"] = machine()
     args.output.parent.mkdir(parents=True, exist_ok=True)
