@@ -7,10 +7,15 @@ per run: learner updates per second, env steps per second, wall-clock until the 
 return), the greedy evaluation return, and the two wait metrics (kuberl_learner_wait_seconds_total,
 kuberl_worker_weight_wait_seconds_total).
 
+A third pair ("io_bound", 2 workers) adds 1 ms of waiting to every env step (`SlowAutoscaling`),
+as an environment that calls out to a real system does: then the workers mostly wait, not compute,
+and async collection overlaps that waiting with the learner's updates.
+
     .venv/bin/python bench/bench_async.py [--budget 40000] [--output bench/results/async.json]
 
-On a machine with fewer cores than learner + workers, async collection cannot add throughput: the
-workers' env steps and the learner's updates share the same cores (see the load average recorded).
+On a machine with fewer free cores than learner + workers, async collection cannot add compute
+throughput: the workers' env steps and the learner's updates share the same cores (see the load
+average recorded).
 """
 
 from __future__ import annotations
@@ -24,6 +29,18 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def SlowAutoscaling(step_latency_ms: float = 1.0, **kwargs):  # a function, used as a module:Class env id
+    """Autoscaling-v0 whose every step also waits `step_latency_ms`, like a call to a live platform."""
+    from kuberl.trainer.envs.autoscaling import AutoscalingEnv
+
+    class _Slow(AutoscalingEnv):
+        def step(self, action):
+            time.sleep(step_latency_ms / 1000.0)
+            return super().step(action)
+
+    return _Slow(**kwargs)
 
 
 def main() -> None:
@@ -43,9 +60,12 @@ def main() -> None:
     report["target_return"] = target
     start_ray(None, local_slots=2)
     report["runs"] = {}
-    for workers in (1, 2):
+    scenarios = [("1_workers", 1, None), ("2_workers", 2, None), ("io_bound", 2, "bench_async:SlowAutoscaling")]
+    for scenario, workers, env_id in scenarios:
         for mode in ("sync", "async"):
             job = bench_job(example_job("dqn"), args.pattern, args.budget, name=f"bench-{mode}-{workers}")
+            if env_id is not None:
+                job["spec"]["environment"]["id"] = env_id
             job["spec"]["rolloutWorkers"]["replicas"] = workers
             job["spec"]["collection"] = {"mode": mode, "queueSize": 2, "maxStaleness": 1000, "fragmentSteps": 32}
             job["spec"]["stopping"]["returnWindow"] = 32
@@ -57,7 +77,7 @@ def main() -> None:
                         and row["mean_return"] >= target and row["episodes"] >= 32:
                     seen.update(seconds_to_target=row["wall_clock"], env_steps_to_target=row["env_steps"])
 
-            out = train_job(job, args.work_dir / f"{mode}-{workers}", on_iteration=observe)
+            out = train_job(job, args.work_dir / f"{scenario}-{mode}", on_iteration=observe)
             last = seen["row"]
             out.update(
                 updates_per_second=round(out["gradient_updates"] / last["wall_clock"], 1),
@@ -66,11 +86,11 @@ def main() -> None:
                 learner_wait_seconds=round(last["learner_wait"], 2),
                 worker_weight_wait_seconds=round(last["worker_wait"], 2),
             )
-            report["runs"][f"{workers}_workers_{mode}"] = out
-            print(f"{workers} workers {mode}: {out}", flush=True)
+            report["runs"][f"{scenario}_{mode}"] = out
+            print(f"{scenario} {mode}: {out}", flush=True)
     report["async_over_sync_updates_per_second"] = {
-        f"{k}_workers": round(report["runs"][f"{k}_workers_async"]["updates_per_second"]
-                              / report["runs"][f"{k}_workers_sync"]["updates_per_second"], 2) for k in (1, 2)}
+        name: round(report["runs"][f"{name}_async"]["updates_per_second"]
+                    / report["runs"][f"{name}_sync"]["updates_per_second"], 2) for name, _, _ in scenarios}
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["machine_after"] = machine()
     args.output.parent.mkdir(parents=True, exist_ok=True)

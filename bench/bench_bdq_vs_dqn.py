@@ -11,6 +11,8 @@ steps so that the schedule does not decide when a target is reached) and step bu
 Reported: env steps until the training return (mean of the last 32 episodes) first reaches the best
 threshold autoscaler's mean return on this pattern (tier and priority searched too), and 5 and 10
 better; and the greedy evaluation return at the end of the budget (20 seeds).
+A second, "wide" action space (5 tiers x 6 priority weights: MultiDiscrete([3, 5, 6]), 90 joint
+actions) repeats BDQ (macro/micro) against flattened DQN, where flattening costs more.
 
     .venv/bin/python bench/bench_bdq_vs_dqn.py [--pattern SPIKE] [--budget 60000] \
         [--output bench/results/bdq_vs_dqn.json]
@@ -31,6 +33,10 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: The "wide" action space: 5 capacity tiers and 6 priority weights, MultiDiscrete([3, 5, 6]).
+WIDE = {"tiers": [[1.0, 1.0], [1.5, 1.45], [2.0, 1.9], [3.0, 2.8], [4.0, 3.6]],
+        "priority_weights": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]}
 
 
 class FlatActions(gym.ActionWrapper):
@@ -83,40 +89,41 @@ def main() -> None:
     report: dict[str, Any] = {"machine_before": machine(), "pattern": args.pattern, "budget_env_steps": args.budget}
     t0 = time.perf_counter()
 
-    base = example_job("bdq")
-    kwargs = {**base["spec"]["environment"]["kwargs"], "load_pattern": args.pattern}
-    threshold = best_threshold(AUTOSCALING_MULTI_ID, kwargs)
-    report["threshold"] = threshold
-    targets = {"threshold": threshold["mean_return"], "threshold+5": threshold["mean_return"] + 5,
-               "threshold+10": threshold["mean_return"] + 10}
-    report["targets"] = targets
-
-    def job(env_id: str, algorithm: dict[str, Any], split: bool, name: str) -> dict[str, Any]:
-        j = bench_job(base, args.pattern, args.budget, algorithm=algorithm, name=name)
-        j["spec"]["environment"]["id"] = env_id
-        j["spec"]["environment"]["kwargs"]["observation_split"] = split
-        j["spec"]["stopping"]["returnWindow"] = 32
-        return j
-
-    bdq = copy.deepcopy(base["spec"]["algorithm"])
-    bdq["bdq"]["explorationSteps"] = 10_000
-    dqn = {"name": "DQN", "dqn": {k: v for k, v in bdq["bdq"].items()
-                                  if k not in ("branchHiddenSize", "targetAggregation")}}
-    flat_env = "bench_bdq_vs_dqn:FlatAutoscalingMulti"
     start_ray(None, local_slots=2)
-    report["runs"] = {
-        "bdq_macro_micro": run("bdq_macro_micro", job(AUTOSCALING_MULTI_ID, copy.deepcopy(bdq), True, "bdq-split"),
-                               targets, args.work_dir),
-        "bdq_flat_obs": run("bdq_flat_obs", job(AUTOSCALING_MULTI_ID, copy.deepcopy(bdq), False, "bdq-flat"),
-                            targets, args.work_dir),
-        "dqn_flat_actions": run("dqn_flat_actions", job(flat_env, dqn, False, "dqn-flat"), targets, args.work_dir),
-    }
-    ratios = {}
-    for label in targets:
-        bdq_steps = report["runs"]["bdq_macro_micro"]["env_steps_to"][label]
-        dqn_steps = report["runs"]["dqn_flat_actions"]["env_steps_to"][label]
-        ratios[label] = round(dqn_steps / bdq_steps, 2) if bdq_steps and dqn_steps else None
-    report["dqn_steps_over_bdq_steps"] = ratios
+    for space, extra_kwargs in (("default", {}), ("wide", WIDE)):
+        base = example_job("bdq")
+        base["spec"]["environment"]["kwargs"].update(extra_kwargs)
+        kwargs = {**base["spec"]["environment"]["kwargs"], "load_pattern": args.pattern}
+        threshold = best_threshold(AUTOSCALING_MULTI_ID, kwargs)
+        targets = {"threshold": threshold["mean_return"], "threshold+5": threshold["mean_return"] + 5,
+                   "threshold+10": threshold["mean_return"] + 10}
+        section: dict[str, Any] = {"env_kwargs": extra_kwargs, "threshold": threshold, "targets": targets}
+
+        def job(env_id: str, algorithm: dict[str, Any], split: bool, name: str, base=base) -> dict[str, Any]:
+            j = bench_job(base, args.pattern, args.budget, algorithm=algorithm, name=name)
+            j["spec"]["environment"]["id"] = env_id
+            j["spec"]["environment"]["kwargs"]["observation_split"] = split
+            j["spec"]["stopping"]["returnWindow"] = 32
+            return j
+
+        bdq = copy.deepcopy(base["spec"]["algorithm"])
+        bdq["bdq"]["explorationSteps"] = 10_000
+        dqn = {"name": "DQN", "dqn": {k: v for k, v in bdq["bdq"].items()
+                                      if k not in ("branchHiddenSize", "targetAggregation")}}
+        flat_env = "bench_bdq_vs_dqn:FlatAutoscalingMulti"
+        runs = {"bdq_macro_micro": (AUTOSCALING_MULTI_ID, bdq, True), "dqn_flat_actions": (flat_env, dqn, False)}
+        if space == "default":
+            runs = {**runs, "bdq_flat_obs": (AUTOSCALING_MULTI_ID, bdq, False)}
+        section["runs"] = {name: run(f"{space}-{name}", job(env_id, copy.deepcopy(algo), split, name.replace("_", "-")),
+                                     targets, args.work_dir)
+                           for name, (env_id, algo, split) in runs.items()}
+        ratios = {}
+        for label in targets:
+            bdq_steps = section["runs"]["bdq_macro_micro"]["env_steps_to"][label]
+            dqn_steps = section["runs"]["dqn_flat_actions"]["env_steps_to"][label]
+            ratios[label] = round(dqn_steps / bdq_steps, 2) if bdq_steps and dqn_steps else None
+        section["dqn_steps_over_bdq_steps"] = ratios
+        report[space] = section
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
     report["machine_after"] = machine()
     args.output.parent.mkdir(parents=True, exist_ok=True)
