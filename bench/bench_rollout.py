@@ -11,11 +11,15 @@ Measures, on CartPole-v1 (env steps/s = vector steps x envs):
 3. worker, Ray actor: the same worker as a Ray actor (pinned to one core), the driver publishing new
    weights with ray.put before every call (a new version each time, so each call loads them) and
    getting the batch back: what one worker delivers to the learner;
-4. collection, k=1 vs k=2: KubeRL's WorkerSet with k actors (each pinned to its own core), every
-   round: new weights, one sample call per worker, gather. Collection only, no learning. Done for
-   `--envs` envs per worker and for the example job's own shape (8 envs x 64 steps per call).
-The driver is not pinned. On this 2-core machine k=2 uses both cores for the workers; the driver and
-Ray's own processes share them. The machine is shared with other jobs: the load average is recorded.
+4. collection, k=1 vs k=2: KubeRL's WorkerSet with k actors (not pinned: on this shared machine
+   pinning only kept them from escaping other jobs), every round: new weights, one sample call per
+   worker, gather. Collection only, no learning. Done for `--envs` envs per worker and for the
+   example job's own shape (8 envs x 64 steps per call);
+5. machine ceiling: the raw vector env in one process on one core vs in two processes on two cores
+   at once (no Ray, no learner): the most any k=2 could get from this machine.
+The driver is not pinned after step 2. On this 2-core machine k=2 uses both cores for the workers;
+the driver and Ray's own processes share them. The machine is shared with other jobs: the load
+average is recorded.
 """
 
 from __future__ import annotations
@@ -113,6 +117,41 @@ def worker_stepper(name: str, n_envs: int, steps: int) -> Callable[[], int]:
     return run
 
 
+def _raw_in_process(core: int, n_envs: int, seconds: float, queue) -> None:
+    os.sched_setaffinity(0, {core})
+    run = raw_stepper(n_envs)
+    for _ in range(2):
+        run()
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        steps += run()
+    queue.put(steps / (time.perf_counter() - t0))
+
+
+def machine_ceiling(n_envs: int, seconds: float, repeats: int) -> dict[str, Any]:
+    """The raw vector env in one process on one core, then in two processes on two cores at once.
+    No Ray, no learner: the best k=2 could do on this machine."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    one: list[float] = []
+    two: list[float] = []
+    for _ in range(repeats):
+        for cores, out in (([CORES[-1]], one), (CORES[:2], two)):
+            queue = ctx.Queue()
+            procs = [ctx.Process(target=_raw_in_process, args=(c, n_envs, seconds, queue)) for c in cores]
+            for proc in procs:
+                proc.start()
+            rates = [queue.get() for _ in procs]
+            for proc in procs:
+                proc.join()
+            out.append(sum(rates))
+    return {"one_process_steps_per_second": round(statistics.median(one)),
+            "two_processes_steps_per_second": round(statistics.median(two)),
+            "two_over_one": round(statistics.median(two) / statistics.median(one), 2),
+            "rounds_one": [round(x) for x in one], "rounds_two": [round(x) for x in two]}
+
+
 def _pin_actor(actor, core: int) -> None:
     import ray
 
@@ -155,6 +194,8 @@ def collection_stepper(k: int, n_envs: int, steps: int) -> Callable[[], int]:
     workers = WorkerSet(args, k, False, 0)
     workers.reconcile(wait_for_all=60.0)
     handles = workers.ready()
+    if len(handles) != k:
+        raise RuntimeError(f"only {len(handles)} of {k} rollout workers started")
     version = [0]
 
     def run() -> int:
@@ -187,10 +228,19 @@ def main() -> None:
         print(f"   {name:24s} {r['steps_per_second']:>9,} steps/s  {r['rounds']}", flush=True)
     os.sched_setaffinity(0, set(CORES))  # from here on the driver is not pinned
 
+    ceiling = None
+    if len(CORES) >= 2:
+        print("5. machine ceiling: the raw vector env in 1 process vs 2 processes on 2 cores ...", flush=True)
+        ceiling = machine_ceiling(n, sec, rep)
+        print(f"   1 process {ceiling['one_process_steps_per_second']:,}, 2 processes "
+              f"{ceiling['two_processes_steps_per_second']:,} steps/s: {ceiling['two_over_one']}x", flush=True)
+
     import ray
     from kuberl.trainer.workers import start_ray
 
-    ray_seconds = start_ray(None, 2)
+    # 3 rollout slots: the k=1 and k=2 worker sets of step 4 live side by side (measured in turns;
+    # an idle actor costs no CPU), and Ray must be able to place all three actors.
+    ray_seconds = start_ray(None, 3)
     print(f"ray started in {ray_seconds:.2f}s", flush=True)
     print(f"3. RolloutWorker as a Ray actor pinned to core {core}, weights via ray.put every call ...", flush=True)
     actor = interleaved_rates({"worker_actor_ppo": actor_stepper("ppo", n, steps, core),
@@ -223,12 +273,14 @@ def main() -> None:
         "single_core": single,
         "worker_ray_actor": actor,
         "collection": collection,
+        "machine_ceiling_two_processes": ceiling,
         "ratios": {
             "worker_inprocess_ppo_over_raw": round(single["worker_inprocess_ppo"]["steps_per_second"] / raw_rate, 3),
             "worker_inprocess_dqn_over_raw": round(single["worker_inprocess_dqn"]["steps_per_second"] / raw_rate, 3),
             "worker_actor_ppo_over_raw": round(actor["worker_actor_ppo"]["steps_per_second"] / raw_rate, 3),
             "worker_actor_dqn_over_raw": round(actor["worker_actor_dqn"]["steps_per_second"] / raw_rate, 3),
             "collection_k2_over_k1": {label: res["k2_over_k1"] for label, res in collection.items()},
+            "machine_two_processes_over_one": ceiling["two_over_one"] if ceiling else None,
         },
         "targets": {"one_worker_at_least_half_of_raw": 0.5, "k2_over_k1_at_least": 1.6},
         "wall_seconds": round(time.perf_counter() - t_all, 1),
