@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from kuberl.api import kube
 
 GROUP = "kuberl.dev"
 VERSION = "v1alpha1"
@@ -32,6 +34,65 @@ class _Model(BaseModel):
         validate_default=True,
         use_enum_values=False,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Values that end up in pod manifests: checked as the API server would, schema patterns in the CRD
+# --------------------------------------------------------------------------------------------
+
+Quantity = Annotated[str, AfterValidator(kube.check_quantity), Field(json_schema_extra={
+    "pattern": kube.QUANTITY_PATTERN, "maxLength": kube.QUANTITY_MAX_LENGTH})]
+ResourceName = Annotated[str, AfterValidator(kube.check_resource_name)]
+LabelKey = Annotated[str, AfterValidator(kube.check_label_key)]
+LabelValue = Annotated[str, AfterValidator(kube.check_label_value), Field(json_schema_extra={
+    "pattern": kube.LABEL_VALUE_PATTERN, "maxLength": 63})]
+DnsSubdomain = Annotated[str, AfterValidator(kube.check_dns_subdomain), Field(json_schema_extra={
+    "pattern": kube.DNS_SUBDOMAIN_PATTERN, "maxLength": 253})]
+ImageReference = Annotated[str, AfterValidator(kube.check_image), Field(json_schema_extra={
+    "pattern": kube.IMAGE_PATTERN})]
+
+
+def _json_values(value: dict[str, Any]) -> dict[str, Any]:
+    problem = kube.json_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+#: Free-form mappings (env kwargs, baseline params): they travel as JSON (API server, learner pod).
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_values)]
+
+# CEL rules (`x-kubernetes-validations`): the cross-field checks below, in the CRD, so a real API server
+# refuses a bad job at `kubectl apply`. Only base CEL and regexes: the chart supports Kubernetes 1.27,
+# whose CRD rules lack the quantity library, so requests <= limits is checked by the operator only.
+_STANDARD_RESOURCE_CEL = "k in ['cpu', 'memory', 'ephemeral-storage']"
+_RESOURCE_NAME_CEL = (
+    f"{_STANDARD_RESOURCE_CEL} || k.matches('^hugepages-{kube.QUANTITY_PATTERN[1:]}') || "
+    f"(k.contains('/') && !k.contains('kubernetes.io/') && k.matches('{kube.QUALIFIED_NAME_PATTERN}'))"
+)
+_HUGEPAGES_CEL = "exists(k, k.startsWith('hugepages-'))"
+RESOURCES_RULES: list[dict[str, str]] = [
+    {"rule": f"!has(self.requests) || self.requests.all(k, {_RESOURCE_NAME_CEL})",
+     "message": f"requests: resource names must be {kube.RESOURCE_NAMES_ALLOWED}", "fieldPath": ".requests"},
+    {"rule": f"!has(self.limits) || self.limits.all(k, {_RESOURCE_NAME_CEL})",
+     "message": f"limits: resource names must be {kube.RESOURCE_NAMES_ALLOWED}", "fieldPath": ".limits"},
+    {"rule": f"!has(self.requests) || self.requests.all(k, {_STANDARD_RESOURCE_CEL} || "
+             "(has(self.limits) && k in self.limits))",
+     "message": "an extended resource (e.g. nvidia.com/gpu) or hugepages request needs a limit of the same "
+                "value: they cannot be overcommitted", "fieldPath": ".requests"},
+    {"rule": f"!((has(self.requests) && self.requests.{_HUGEPAGES_CEL}) || "
+             f"(has(self.limits) && self.limits.{_HUGEPAGES_CEL})) || "
+             "(has(self.requests) && ('cpu' in self.requests || 'memory' in self.requests)) || "
+             "(has(self.limits) && ('cpu' in self.limits || 'memory' in self.limits))",
+     "message": "hugepages need a cpu or memory request or limit too"},
+]
+NODE_SELECTOR_RULES = [
+    {"rule": f"self.all(k, k.matches('{kube.QUALIFIED_NAME_PATTERN}'))",
+     "message": "node selector keys must be label keys: an optional DNS-subdomain prefix and '/', then at most "
+                "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"},
+]
+NODE_SELECTOR_MAX = 64
+RESOURCES_MAX = 16
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,7 +279,7 @@ class EnvironmentSpec(_Model):
         description="A gymnasium id (CartPole-v1), a KubeRL environment (kuberl/TicTacToe-v0, "
         "kuberl/Autoscaling-v0, kuberl/AutoscalingMulti-v0) or a user class as module:Class.",
     )
-    kwargs: dict[str, Any] = Field(
+    kwargs: JsonObject = Field(
         default_factory=dict,
         description="Keyword arguments for the environment constructor.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
@@ -231,8 +292,43 @@ class EnvironmentSpec(_Model):
 class Resources(_Model):
     """Kubernetes container resources (quantities as strings, e.g. "500m", "2Gi")."""
 
-    requests: dict[str, str] = Field(default_factory=dict, description="Resource requests.")
-    limits: dict[str, str] = Field(default_factory=dict, description="Resource limits.")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": RESOURCES_RULES})
+    requests: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=RESOURCES_MAX, description="Resource requests.")
+    limits: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=RESOURCES_MAX, description="Resource limits.")
+
+    @model_validator(mode="after")
+    def _as_the_api_server_checks(self) -> Resources:
+        """What the API server refuses in a container's resources (ValidateResourceRequirements)."""
+        problems = []
+        for name, limit in self.limits.items():
+            if kube.is_extended_resource(name) and kube.parse_quantity(limit).denominator != 1:
+                problems.append(f"limits.{name} {limit!r} must be a whole number (extended resources come in "
+                                "whole units)")
+        for name, request in self.requests.items():
+            value = kube.parse_quantity(request)
+            if kube.is_extended_resource(name) and value.denominator != 1:
+                problems.append(f"requests.{name} {request!r} must be a whole number (extended resources come "
+                                "in whole units)")
+            limit = self.limits.get(name)
+            overcommit = not (kube.is_extended_resource(name) or name.startswith(kube.HUGEPAGES_PREFIX))
+            if limit is None:
+                if not overcommit:
+                    problems.append(f"requests.{name} {request!r} needs limits.{name} of the same value: "
+                                    "extended resources and hugepages cannot be overcommitted")
+            elif not overcommit and value != kube.parse_quantity(limit):
+                problems.append(f"requests.{name} {request!r} must equal limits.{name} {limit!r}: extended "
+                                "resources and hugepages cannot be overcommitted")
+            elif value > kube.parse_quantity(limit):
+                problems.append(f"requests.{name} {request!r} must be less than or equal to limits.{name} "
+                                f"{limit!r}")
+        given = {*self.requests, *self.limits}
+        if any(n.startswith(kube.HUGEPAGES_PREFIX) for n in given) and not given & {"cpu", "memory"}:
+            problems.append("hugepages need a cpu or memory request or limit too")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class RolloutWorkersSpec(_Model):
@@ -246,7 +342,9 @@ class RolloutWorkersSpec(_Model):
         default_factory=lambda: Resources(requests={"cpu": "1", "memory": "1Gi"}, limits={"memory": "2Gi"}),
         description="Resources of each rollout-worker pod.",
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for worker pods.")
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for worker pods.",
+        json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
 
 
 class Device(str, enum.Enum):
@@ -261,7 +359,9 @@ class LearnerSpec(_Model):
         default_factory=lambda: Resources(requests={"cpu": "1", "memory": "2Gi"}, limits={"memory": "4Gi"}),
         description="Resources of the learner pod (add nvidia.com/gpu to limits for a GPU learner).",
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for the learner pod.")
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for the learner pod.",
+        json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
     threads: int | None = Field(
         default=None, ge=1, le=256, description="torch intra-op threads on the learner (default: torch's)."
     )
@@ -272,7 +372,9 @@ class HeadSpec(_Model):
         default_factory=lambda: Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "2Gi"}),
         description="Resources of the Ray head pod.",
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node selector for the head pod.")
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for the head pod.",
+        json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
 
 
 class CollectionMode(str, enum.Enum):
@@ -300,6 +402,10 @@ class CollectionSpec(_Model):
 
 
 class StoppingSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "has(self.maxEpisodes) || has(self.maxEnvSteps) || has(self.maxWallClockSeconds)",
+        "message": "at least one of maxEpisodes, maxEnvSteps or maxWallClockSeconds is required "
+                   "(targetReturn alone may never be reached)"}]})
     target_return: float | None = Field(
         default=None, description="Stop when the mean return over the last returnWindow episodes reaches this."
     )
@@ -323,10 +429,21 @@ class StoppingSpec(_Model):
 
 
 class VolumeSpec(_Model):
-    claim_name: str | None = Field(
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.claimName) || !has(self.sizeLimit)",
+        "message": "claimName and sizeLimit exclude each other: sizeLimit bounds the emptyDir used when "
+                   "there is no claim", "fieldPath": ".sizeLimit"}]})
+    claim_name: DnsSubdomain | None = Field(
         default=None, description="PersistentVolumeClaim for checkpoints; emptyDir when unset."
     )
-    size_limit: str | None = Field(default=None, description="emptyDir size limit (when no claim).")
+    size_limit: Quantity | None = Field(default=None, description="emptyDir size limit (when no claim).")
+
+    @model_validator(mode="after")
+    def _claim_or_size_limit(self) -> VolumeSpec:
+        if self.claim_name is not None and self.size_limit is not None:
+            raise ValueError("claimName and sizeLimit exclude each other: sizeLimit bounds the emptyDir used "
+                             "when there is no claim")
+        return self
 
 
 class CheckpointingSpec(_Model):
@@ -360,7 +477,7 @@ class EvaluationSuite(_Model):
     baseline: Literal["random", "threshold"] | None = Field(
         default=None, description="Baseline policy, for kind=baseline."
     )
-    baseline_params: dict[str, Any] = Field(
+    baseline_params: JsonObject = Field(
         default_factory=dict,
         description="Baseline settings, for kind=baseline. threshold: upper and lower utilisation (and "
         "tier, priority on kuberl/AutoscalingMulti-v0); those left out are grid-searched on "
@@ -368,7 +485,7 @@ class EvaluationSuite(_Model):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     episodes: int = Field(default=100, ge=1, le=1_000_000, description="Episodes or games.")
-    env_kwargs: dict[str, Any] = Field(
+    env_kwargs: JsonObject = Field(
         default_factory=dict,
         description="Overrides of environment.kwargs for this suite.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
@@ -384,12 +501,32 @@ class EvaluationSpec(_Model):
     )
 
 
+_RAY_PORTS_CEL = (f"self.port in {sorted(kube.RAY_PORTS)} || "
+                  f"(self.port >= {kube.RAY_WORKER_PORTS[0]} && self.port <= {kube.RAY_WORKER_PORTS[1]})")
+
+
 class MetricsSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": f"!has(self.port) || !({_RAY_PORTS_CEL})",
+        "message": "port must not be one of Ray's ports in the job's pods: "
+                   + ", ".join(f"{p} ({what})" for p, what in kube.RAY_PORTS.items())
+                   + f", {kube.RAY_WORKER_PORTS[0]}-{kube.RAY_WORKER_PORTS[1]} (Ray workers)",
+        "fieldPath": ".port"}]})
     enabled: bool = Field(default=True, description="Serve Prometheus /metrics from the learner.")
     port: int = Field(default=8080, ge=0, le=65535, description="Metrics port (0 picks a free one locally).")
 
+    @field_validator("port")
+    @classmethod
+    def _not_a_ray_port(cls, v: int) -> int:
+        return kube.check_metrics_port(v)
+
 
 class RLTrainingJobSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
+                "self.algorithm.name != 'PPO'",
+        "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO",
+        "fieldPath": ".collection.mode"}]})
     algorithm: AlgorithmSpec = Field(description="Learning algorithm and hyperparameters.")
     environment: EnvironmentSpec = Field(description="The environment to train on.")
     rollout_workers: RolloutWorkersSpec = Field(
@@ -405,7 +542,7 @@ class RLTrainingJobSpec(_Model):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec, description="Final evaluation.")
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description="Prometheus metrics.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Random seed for envs, networks and sampling.")
-    image: str | None = Field(
+    image: ImageReference | None = Field(
         default=None, max_length=512, description="Trainer image; the operator's default when unset."
     )
     suspend: bool = Field(default=False, description="Delete the job's pods and keep it; false resumes.")
@@ -492,19 +629,27 @@ class ObjectMeta(BaseModel):
     """The parts of metadata KubeRL reads; everything else passes through."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(
-        min_length=1,
-        max_length=40,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="DNS-1123 label, at most 40 characters (pod names add suffixes).",
+    name: Annotated[str, AfterValidator(kube.check_job_name)] = Field(
+        description=f"DNS-1035 label, at most {kube.JOB_NAME_MAX_LENGTH} characters (pod and Service names "
+        "add suffixes).",
     )
     namespace: str = Field(default="default", description="Namespace.")
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+#: CEL rules at the CRD's root, where the API server lets them read metadata.name.
+JOB_RULES = [{
+    "rule": f"self.metadata.name.size() <= {kube.JOB_NAME_MAX_LENGTH} && "
+            f"self.metadata.name.matches('{kube.DNS_1035_LABEL_PATTERN}')",
+    "message": f"metadata.name must be a DNS-1035 label of at most {kube.JOB_NAME_MAX_LENGTH} characters "
+               "(lowercase letters, digits and '-', starting with a letter): the job's pods and Services "
+               "are named after it",
+}]
+
+
 class RLTrainingJob(_Model):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"x-kubernetes-validations": JOB_RULES})
     api_version: Literal["kuberl.dev/v1alpha1"] = Field(alias="apiVersion", description="kuberl.dev/v1alpha1")
     kind: Literal["RLTrainingJob"] = Field(description="RLTrainingJob")
     metadata: ObjectMeta

@@ -90,13 +90,19 @@ def problems_from_validation_error(err: ValidationError, data: Any, lines: dict[
         # pydantic puts union/enum branch names into loc; keep only real keys for the path.
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         msg = e["msg"]
-        if e["type"] == "missing":
+        bad_key = bool(loc) and loc[-1] == "[key]"  # a mapping key (resource name, label key) is wrong
+        if bad_key:
+            loc = loc[:-1]
+        if bad_key and e["type"] == "string_type":
+            msg = "keys must be strings (quote the key)"
+        elif e["type"] == "missing":
             msg = "required field is missing"
         elif e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; `kubectl explain rltj.spec` lists the fields)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        found, value = _lookup(data, loc)
+        found, value = (True, loc[-1]) if bad_key else _lookup(data, loc)
+        loc = loc[:-1] + (str(loc[-1]),) if bad_key else loc
         line = None
         for cut in range(len(loc), -1, -1):
             if loc[:cut] in lines:

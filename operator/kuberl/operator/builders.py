@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
+from kuberl.api import kube
 from kuberl.api.job import Resources, RLTrainingJob
 from kuberl.operator import names
 from kuberl.operator.names import Component
@@ -64,9 +64,6 @@ class BuildOptions:
 # Small pure helpers
 # --------------------------------------------------------------------------------------------
 
-_CPU = re.compile(r"^(?P<num>[0-9]+(\.[0-9]+)?)(?P<unit>m?)$")
-
-
 def cpu_count(resources: Resources, default: int = 1) -> int:
     """Whole CPUs Ray should advertise for a pod: its CPU limit (else request), rounded up, at least 1.
 
@@ -75,10 +72,10 @@ def cpu_count(resources: Resources, default: int = 1) -> int:
     quantity = resources.limits.get("cpu") or resources.requests.get("cpu")
     if quantity is None:
         return default
-    match = _CPU.match(str(quantity).strip())
-    if match is None:
-        raise ValueError(f"cannot read CPU quantity {quantity!r} (expected e.g. 2, 1.5 or 500m)")
-    value = float(match["num"]) / (1000 if match["unit"] == "m" else 1)
+    try:
+        value = kube.parse_quantity(str(quantity).strip())
+    except ValueError:
+        raise ValueError(f"cannot read CPU quantity {quantity!r} (expected e.g. 2, 1.5 or 500m)") from None
     return max(1, math.ceil(value))
 
 
