@@ -64,7 +64,8 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_json_values)]
 
 # CEL rules (`x-kubernetes-validations`): the cross-field checks below, in the CRD, so a real API server
 # refuses a bad job at `kubectl apply`. Only base CEL and regexes: the chart supports Kubernetes 1.27,
-# whose CRD rules lack the quantity library, so requests <= limits is checked by the operator only.
+# whose CRD rules lack the quantity library (so requests <= limits is checked by the operator only) and
+# `fieldPath` (so each message names its field).
 _STANDARD_RESOURCE_CEL = "k in ['cpu', 'memory', 'ephemeral-storage']"
 _RESOURCE_NAME_CEL = (
     f"{_STANDARD_RESOURCE_CEL} || k.matches('^hugepages-{kube.QUANTITY_PATTERN[1:]}') || "
@@ -73,13 +74,13 @@ _RESOURCE_NAME_CEL = (
 _HUGEPAGES_CEL = "exists(k, k.startsWith('hugepages-'))"
 RESOURCES_RULES: list[dict[str, str]] = [
     {"rule": f"!has(self.requests) || self.requests.all(k, {_RESOURCE_NAME_CEL})",
-     "message": f"requests: resource names must be {kube.RESOURCE_NAMES_ALLOWED}", "fieldPath": ".requests"},
+     "message": f"requests: resource names must be {kube.RESOURCE_NAMES_ALLOWED}"},
     {"rule": f"!has(self.limits) || self.limits.all(k, {_RESOURCE_NAME_CEL})",
-     "message": f"limits: resource names must be {kube.RESOURCE_NAMES_ALLOWED}", "fieldPath": ".limits"},
+     "message": f"limits: resource names must be {kube.RESOURCE_NAMES_ALLOWED}"},
     {"rule": f"!has(self.requests) || self.requests.all(k, {_STANDARD_RESOURCE_CEL} || "
              "(has(self.limits) && k in self.limits))",
-     "message": "an extended resource (e.g. nvidia.com/gpu) or hugepages request needs a limit of the same "
-                "value: they cannot be overcommitted", "fieldPath": ".requests"},
+     "message": "requests: an extended resource (e.g. nvidia.com/gpu) or hugepages request needs a limit of the same "
+                "value: they cannot be overcommitted"},
     {"rule": f"!((has(self.requests) && self.requests.{_HUGEPAGES_CEL}) || "
              f"(has(self.limits) && self.limits.{_HUGEPAGES_CEL})) || "
              "(has(self.requests) && ('cpu' in self.requests || 'memory' in self.requests)) || "
@@ -432,7 +433,7 @@ class VolumeSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
         "rule": "!has(self.claimName) || !has(self.sizeLimit)",
         "message": "claimName and sizeLimit exclude each other: sizeLimit bounds the emptyDir used when "
-                   "there is no claim", "fieldPath": ".sizeLimit"}]})
+                   "there is no claim"}]})
     claim_name: DnsSubdomain | None = Field(
         default=None, description="PersistentVolumeClaim for checkpoints; emptyDir when unset."
     )
@@ -510,8 +511,7 @@ class MetricsSpec(_Model):
         "rule": f"!has(self.port) || !({_RAY_PORTS_CEL})",
         "message": "port must not be one of Ray's ports in the job's pods: "
                    + ", ".join(f"{p} ({what})" for p, what in kube.RAY_PORTS.items())
-                   + f", {kube.RAY_WORKER_PORTS[0]}-{kube.RAY_WORKER_PORTS[1]} (Ray workers)",
-        "fieldPath": ".port"}]})
+                   + f", {kube.RAY_WORKER_PORTS[0]}-{kube.RAY_WORKER_PORTS[1]} (Ray workers)"}]})
     enabled: bool = Field(default=True, description="Serve Prometheus /metrics from the learner.")
     port: int = Field(default=8080, ge=0, le=65535, description="Metrics port (0 picks a free one locally).")
 
@@ -525,8 +525,7 @@ class RLTrainingJobSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
         "rule": "!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
                 "self.algorithm.name != 'PPO'",
-        "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO",
-        "fieldPath": ".collection.mode"}]})
+        "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO"}]})
     algorithm: AlgorithmSpec = Field(description="Learning algorithm and hyperparameters.")
     environment: EnvironmentSpec = Field(description="The environment to train on.")
     rollout_workers: RolloutWorkersSpec = Field(
