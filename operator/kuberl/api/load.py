@@ -26,8 +26,18 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.path}" + (f" (line {self.line})" if self.line else "")
-        given = f" [given: {self.value!r}]" if self.has_value else ""
+        given = f" [given: {_sorted(self.value)!r}]" if self.has_value else ""
         return f"{where}: {self.message}{given}"
+
+
+def _sorted(value: Any) -> Any:
+    """Mappings with sorted keys: a job read from YAML and the same job from the API (JSON, keys sorted by
+    the operator) print the same text."""
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value, key=str)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 class InvalidJob(ValueError):
@@ -108,8 +118,10 @@ def problems_from_validation_error(err: ValidationError, data: Any, lines: dict[
             if loc[:cut] in lines:
                 line = lines[loc[:cut]]
                 break
+        # A rule over the whole spec names the values it compared; the spec itself is too long to quote.
+        quoted = found and e["type"] != "missing" and loc != ("spec",)
         problems.append(
-            Problem(path=_format_loc(loc), message=msg, value=value, line=line, has_value=found and e["type"] != "missing")
+            Problem(path=_format_loc(loc), message=msg, value=value, line=line, has_value=quoted)
         )
     return problems
 
