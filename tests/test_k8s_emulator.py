@@ -344,7 +344,7 @@ def test_kopf_operator_runs_handlers_against_the_emulator(k8s_cluster, k8s_api, 
             "rltj", "j1", lambda obj: obj.get("status", {}).get("phase") == "Starting"
         )
         assert started["metadata"]["finalizers"]  # kopf's, for its on.delete handler
-        deadline = time.monotonic() + 5  # kopf posts Events from a queue, a moment later
+        deadline = time.monotonic() + 30  # kopf posts Events from a queue, a moment later (generous: busy CI)
         while not any(event["reason"] == "Created" for event in k8s_cluster.events(involved_name="j1")):
             assert time.monotonic() < deadline, k8s_cluster.events()
             time.sleep(0.05)
@@ -356,7 +356,7 @@ def test_kopf_operator_runs_handlers_against_the_emulator(k8s_cluster, k8s_api, 
             version and version["metadata"].get("deletionTimestamp")
             for version in k8s_cluster.history("rltj", "j1")
         )  # it waited for the finalizer
-        k8s_cluster.wait_for_absent("pods", "j1-learner", timeout=2)  # garbage-collected
+        k8s_cluster.wait_for_absent("pods", "j1-learner", timeout=30)  # garbage-collected
 
 
 # ---- kubectl ------------------------------------------------------------------------------------
@@ -390,7 +390,7 @@ def test_kubectl_apply_get_patch_wait_delete(k8s_cluster, tmp_path):
         k8s_cluster.patch_status("rltj", "j1", {"conditions": [{"type": "Ready", "status": "True"}]})
 
     threading.Thread(target=become_ready).start()
-    waited = k8s_cluster.kubectl("wait", "--for=condition=Ready", "rltj/j1", "--timeout=10s").stdout
+    waited = k8s_cluster.kubectl("wait", "--for=condition=Ready", "rltj/j1", "--timeout=25s").stdout
     assert "condition met" in waited
 
     deleted = k8s_cluster.kubectl("delete", "-f", str(manifest)).stdout
@@ -410,10 +410,10 @@ def test_kubectl_get_watch_streams_changes(k8s_cluster):
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     try:
-        assert lines.get(timeout=10).split()[:3] == ["NAME", "READY", "STATUS"]
-        assert lines.get(timeout=10).split()[:3] == ["p1", "0/1", "Pending"]
+        assert lines.get(timeout=30).split()[:3] == ["NAME", "READY", "STATUS"]
+        assert lines.get(timeout=30).split()[:3] == ["p1", "0/1", "Pending"]
         k8s_cluster.set_pod_phase(NS, "p1", "Running")
-        assert lines.get(timeout=10).split()[:3] == ["p1", "1/1", "Running"]
+        assert lines.get(timeout=30).split()[:3] == ["p1", "1/1", "Running"]
     finally:
         process.terminate()
         process.wait(5)

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import kmock
@@ -114,12 +115,17 @@ def condition(cluster: EmulatedCluster, type_: str, name: str = JOB) -> dict:
     return next((c for c in status(cluster, name).get("conditions", []) if c["type"] == type_), {})
 
 
-def wait_phase(cluster: EmulatedCluster, phase: str, name: str = JOB, timeout: float = 10) -> dict:
+# Waits return as soon as their condition holds; the timeouts are generous so that a busy machine (CI,
+# other tests on the same cores) slows a test down instead of failing it.
+WAIT = 30  # (kubectl calls: --timeout=25s, inside EmulatedCluster.kubectl's own 30 s)
+
+
+def wait_phase(cluster: EmulatedCluster, phase: str, name: str = JOB, timeout: float = WAIT) -> dict:
     return cluster.wait_for("rltj", name, lambda obj: (obj.get("status") or {}).get("phase") == phase,
                             timeout=timeout)["status"]
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 10, what: str = "") -> Any:
+def wait_until(check: Callable[[], Any], timeout: float = WAIT, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -134,7 +140,7 @@ def pods(cluster: EmulatedCluster, job: str = JOB) -> dict[str, dict]:
     return {p["metadata"]["name"]: p for p in cluster.list("pods", label_selector=f"kuberl.dev/job-name={job}")}
 
 
-def wait_pods(cluster: EmulatedCluster, names: set[str], job: str = JOB, timeout: float = 10) -> dict[str, dict]:
+def wait_pods(cluster: EmulatedCluster, names: set[str], job: str = JOB, timeout: float = WAIT) -> dict[str, dict]:
     def check() -> tuple[dict[str, dict]] | None:
         found = pods(cluster, job)
         return (found,) if set(found) == names else None
@@ -167,6 +173,25 @@ def start_running(cluster: EmulatedCluster, manifest: dict, workers: int) -> dic
 
 def uids(found: dict[str, dict]) -> dict[str, str]:
     return {name: pod["metadata"]["uid"] for name, pod in found.items()}
+
+
+def timestamp(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def reconcile_passes(operator: Operator) -> float:
+    return operator.sample("kuberl_operator_reconcile_duration_seconds_count", handler="reconcile")
+
+
+def wait_passes(operator: Operator, more: int) -> None:
+    """Wait until the operator has finished `more` further reconcile passes (instead of sleeping)."""
+    target = reconcile_passes(operator) + more
+    wait_until(lambda: reconcile_passes(operator) >= target, what=f"{more} more reconcile passes")
+
+
+def phases_seen(cluster: EmulatedCluster, name: str = JOB) -> list[str | None]:
+    """Every status phase the job ever had, from the API's history (transient ones included)."""
+    return [(version.get("status") or {}).get("phase") for version in cluster.history("rltj", name) if version]
 
 
 # ---- create -> pods, services, status ------------------------------------------------------------------
@@ -242,9 +267,10 @@ def test_invalid_spec_fails_with_invalid_spec_and_no_pod_is_ever_created(cluster
     failed = condition(cluster, "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec") and "CartPole-v9000" in failed["message"]
     wait_event(cluster, "InvalidSpec")
-    time.sleep(0.6)  # a further pass or two
+    wait_passes(operator, 2)  # a further pass or two
     assert [r for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods"] == []
     assert pods(cluster) == {}
+    assert set(phases_seen(cluster)) <= {None, "Failed"}  # never Pending or Starting on the way
 
     # Fixing the spec starts the job.
     cluster.patch("rltj", JOB, {"spec": {"environment": {"id": "CartPole-v1"}}})
@@ -289,6 +315,9 @@ def test_failed_or_deleted_worker_is_replaced_and_training_goes_on(cluster, oper
 
     cluster.delete("pods", worker(0))  # disappears (e.g. its node went away)
     wait_until(lambda: (p := pods(cluster)).get(worker(0)) and p[worker(0)]["metadata"]["uid"] != before[worker(0)])
+    # Counted after the pass that created the replacement: wait for it, then it must be exactly 2.
+    wait_until(lambda: operator.sample("kuberl_operator_child_pod_restarts_total", component="rollout-worker") >= 2)
+    wait_passes(operator, 1)
     assert operator.sample("kuberl_operator_child_pod_restarts_total", component="rollout-worker") == 2
 
 
@@ -347,18 +376,29 @@ def test_suspend_deletes_pods_and_resume_recreates_them(cluster, operator, job_d
 def test_ttl_deletes_a_finished_job_and_its_children(cluster, operator, job_dict):
     start_running(cluster, job_manifest(job_dict, replicas=1, ttlSecondsAfterFinished=1), 1)
     cluster.set_pod_phase(NS, LEARNER, "Succeeded")
-    wait_phase(cluster, "Succeeded")
-    assert cluster.get("rltj", JOB) is not None
-    cluster.wait_for_absent("rltj", JOB, timeout=10)
+    cluster.wait_for_absent("rltj", JOB, timeout=WAIT)
+    # Succeeded lasts only the 1 s TTL: read it from the API's history rather than racing to see it live.
+    history = [version for version in cluster.history("rltj", JOB) if version]
+    succeeded = next(i for i, v in enumerate(history) if (v.get("status") or {}).get("phase") == "Succeeded")
+    marked = next(i for i, v in enumerate(history) if v["metadata"].get("deletionTimestamp"))
+    assert succeeded < marked  # it finished, then it was deleted
+    finished = history[succeeded]["status"]
+    assert {c["type"]: c["status"] for c in finished["conditions"]}["Complete"] == "True"
+    deleted_at = timestamp(history[marked]["metadata"]["deletionTimestamp"])
+    assert deleted_at - timestamp(finished["completionTime"]) >= timedelta(seconds=1)  # not before its TTL
     wait_pods(cluster, set())  # garbage-collected through the ownerReferences
     assert cluster.list("services") == []
 
 
 def test_active_deadline_fails_a_job_that_runs_too_long(cluster, operator, job_dict):
     cluster.create(job_manifest(job_dict, replicas=1, activeDeadlineSeconds=1), namespace=NS)
-    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
-    st = wait_phase(cluster, "Failed", timeout=10)
+    st = wait_phase(cluster, "Failed")
     assert st["reason"] == "DeadlineExceeded"
+    assert timestamp(st["completionTime"]) - timestamp(st["startTime"]) >= timedelta(seconds=1)
+    # Its pods lived for about the 1 s deadline: the API's history shows each was created, then deleted.
+    for name in (HEAD, LEARNER, worker(0)):
+        history = cluster.history("pods", name)
+        assert history and history[0] is not None, name
     wait_pods(cluster, set())
 
 
@@ -369,8 +409,8 @@ def test_restarted_operator_creates_no_duplicates_and_carries_on(cluster, start_
         cluster.set_pod_phase(NS, HEAD, "Running")
         wait_phase(cluster, "Starting")
     posts_before = sum(1 for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods")
-    with start_operator():
-        time.sleep(1.0)  # a few passes of the new operator
+    with start_operator() as restarted:
+        wait_until(lambda: reconcile_passes(restarted) >= 3, what="a few passes of the new operator")
         assert uids(pods(cluster)) == before
         posts = [r for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods"]
         assert len(posts) == posts_before  # it saw every pod; it did not even try to create one
@@ -418,7 +458,7 @@ def test_kubectl_apply_get_wait_delete(cluster, operator, job_dict, tmp_path):
         time.sleep(0.3)
         run_all(cluster)
     threading.Thread(target=kubelet).start()
-    waited = cluster.kubectl("wait", "--for=condition=Running", f"rltj/{JOB}", "--timeout=15s").stdout
+    waited = cluster.kubectl("wait", "--for=condition=Running", f"rltj/{JOB}", "--timeout=25s").stdout
     assert "condition met" in waited
     table = cluster.kubectl("get", "rltj").stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "WORKERS", "EPISODES", "EPISODES/S", "RETURN", "AGE"]
@@ -432,8 +472,8 @@ def test_kubectl_apply_get_wait_delete(cluster, operator, job_dict, tmp_path):
 
     threading.Thread(target=lambda: (time.sleep(0.3), cluster.set_pod_phase(NS, LEARNER, "Succeeded"))).start()
     assert "condition met" in cluster.kubectl("wait", "--for=condition=Complete", f"rltj/{JOB}",
-                                              "--timeout=15s").stdout
-    deleted = cluster.kubectl("delete", "-f", str(manifest), "--timeout=15s").stdout
+                                              "--timeout=25s").stdout
+    deleted = cluster.kubectl("delete", "-f", str(manifest), "--timeout=25s").stdout
     assert f'rltrainingjob.kuberl.dev "{JOB}" deleted' in deleted
     assert cluster.get("rltj", JOB) is None  # kopf let go of its finalizer
     wait_pods(cluster, set())
