@@ -100,7 +100,7 @@ def _info(
 
 BUILTIN_RESOURCES: dict[kmock.resource, kmock.ResourceInfo] = {
     NAMESPACES: _info("Namespace", namespaced=False, short={"ns"}, subresources={"status"}),
-    PODS: _info("Pod", short={"po"}, categories={"all"}, subresources={"status"}),
+    PODS: _info("Pod", short={"po"}, categories={"all"}, subresources={"status", "log"}),
     SERVICES: _info("Service", short={"svc"}, categories={"all"}, subresources={"status"}),
     kmock.resource("", "v1", "configmaps"): _info("ConfigMap", short={"cm"}),
     kmock.resource("", "v1", "secrets"): _info("Secret"),
@@ -630,6 +630,13 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     crds: Sequence[Mapping[str, Any]] = ()
     namespaces: Sequence[str] = ("default",)
     extra_resources: Mapping[str | kmock.resource, kmock.ResourceInfo] = attrs.field(factory=dict)
+    #: With a node agent (tests/node_agent.py) attached: a pod bound to a node is deleted gracefully, as
+    #: on a real server (deletionTimestamp set, the kubelet stops its containers and then removes it).
+    graceful_pod_deletion: bool = False
+    #: `GET pods/{name}/log` (kubectl logs): an async callable (namespace, name, query) -> an async
+    #: iterator of bytes, given by the node agent that runs the pods; without one, 400 as for a pod
+    #: with no node.
+    pod_logs: Callable[..., Any] | None = None
 
     internal_errors: list[BaseException] = attrs.field(factory=list, init=False)
     _printer_columns: dict[kmock.resource, list[Body]] = attrs.field(factory=dict, init=False)
@@ -751,6 +758,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             raise _bad_request("dryRun is not supported by the emulator")
 
         method, name, params = raw.method.upper(), request.name, request.params
+        if res == PODS and request.subresource == "log" and name is not None and method == "GET":
+            return await self._serve_pod_log(request)
         as_table = "as=Table" in raw.headers.get("Accept", "")
         include_object = params.get("includeObject", "PartialObjectMetadata")
         if request.action == kmock.action.WATCH:
@@ -817,15 +826,33 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             )
         if name is not None and method == "DELETE":
             options = request.data if isinstance(request.data, Mapping) else {}
+            grace = options.get("gracePeriodSeconds", request.params.get("gracePeriodSeconds"))
             obj, removed = self.delete_object(
                 res,
                 request.namespace,
                 name,
                 propagation=self._propagation(request),
                 preconditions=options.get("preconditions"),
+                grace_period_seconds=None if grace is None else int(grace),
             )
             return aiohttp.web.json_response(obj, status=200 if removed else 202)
         raise _error(405, "MethodNotAllowed", f"{method} is not supported on this URL")
+
+    async def _serve_pod_log(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        raw = request._raw_request
+        assert raw is not None
+        pod = self.get_object(PODS, request.namespace, request.name)
+        if pod is None:
+            raise _not_found(PODS, request.name)
+        if self.pod_logs is None or not (pod.get("spec") or {}).get("nodeName"):
+            raise _bad_request(f"pod {request.name} does not have a host assigned")
+        chunks = await self.pod_logs(request.namespace, request.name, dict(request.params), pod)
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "text/plain"})
+        await response.prepare(raw)
+        async for chunk in chunks:
+            await response.write(chunk)
+        await response.write_eof()
+        return response
 
     @staticmethod
     def _propagation(request: kmock.Request) -> str:
@@ -1314,6 +1341,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         *,
         propagation: str = "Background",
         preconditions: Mapping[str, Any] | None = None,
+        grace_period_seconds: int | None = None,
     ) -> tuple[Body, bool]:
         """Delete an object or mark it for deletion; returns its last state and whether it is gone."""
         key = self.object_key(res, namespace, name)
@@ -1331,6 +1359,14 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                 )
         if propagation == "Orphan":
             self._orphan_dependents(meta["uid"])
+        if res == PODS and self.graceful_pod_deletion:
+            grace = self._pod_grace(obj, grace_period_seconds)
+            if grace > 0:  # the kubelet stops the containers, then deletes the pod with grace 0
+                if meta.get("deletionTimestamp"):
+                    return obj, False
+                new = copy.deepcopy(obj)
+                new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=grace)
+                return self._commit(key, obj, new), False
         if meta.get("finalizers"):  # wait for the finalizers' owners to remove them
             if meta.get("deletionTimestamp"):
                 return obj, False
@@ -1342,6 +1378,17 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             )
             return self._commit(key, obj, new), False
         return self._remove(key, obj), True
+
+    @staticmethod
+    def _pod_grace(pod: Body, requested: int | None) -> int:
+        """The grace period a real server gives a pod's deletion: none for a pod on no node or one that
+        has finished; else the request's, else the pod's terminationGracePeriodSeconds (default 30)."""
+        spec, phase = pod.get("spec") or {}, (pod.get("status") or {}).get("phase")
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            return 0
+        if requested is not None:
+            return max(0, requested)
+        return int(spec.get("terminationGracePeriodSeconds", 30))
 
     def register_crd(self, crd: Mapping[str, Any]) -> Body:
         """Serve a custom resource as `kubectl apply -f crd.yaml` would (creates or replaces the CRD)."""
@@ -1429,7 +1476,11 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         self.objects[key].history.append(new)
         self._record("MODIFIED", key, new, old)
         meta = new["metadata"]
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):  # the last finalizer is gone
+        if (
+            meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")  # else a kubelet removes it when its containers stop
+        ):  # the last finalizer is gone
             return self._remove(key, new)
         return copy.deepcopy(new)
 
@@ -1665,9 +1716,14 @@ class EmulatedCluster:
     """
 
     def __init__(
-        self, emulator: KubernetesApiEmulator, workdir: pathlib.Path, namespace: str = "default"
+        self,
+        emulator: KubernetesApiEmulator,
+        workdir: pathlib.Path,
+        namespace: str = "default",
+        host: str = "127.0.0.1",
     ) -> None:
         self.emulator = emulator
+        self.host = host
         self.namespace = namespace
         self.workdir = pathlib.Path(workdir)
         self.kubeconfig = self.workdir / "kubeconfig"
@@ -1717,8 +1773,8 @@ class EmulatedCluster:
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        async with self.emulator, kmock.Server(self.emulator, host="127.0.0.1") as server:
-            self.url = f"http://127.0.0.1:{server.port}"
+        async with self.emulator, kmock.Server(self.emulator, host=self.host) as server:
+            self.url = f"http://{self.host}:{server.port}"
             self._started.set()
             await self._stop_event.wait()
             self.emulator.close_watches()  # else the server's shutdown waits for open watches

@@ -35,6 +35,9 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
+#: Where the learner writes its final metrics when it exits (Kubernetes' default path).
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+
 #: Environment every Ray process gets: no usage-stats phone-home (clusters are often offline).
 RAY_ENV = [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
 
@@ -272,6 +275,8 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         {"name": "KUBERL_JOB_SPEC", "value": json.dumps(resolved_manifest(job), separators=(",", ":"))},
         _ray_address_env(job),
         {"name": "KUBERL_RUN_DIR", "value": names.CHECKPOINT_MOUNT},
+        # The learner leaves its final metrics there; the operator reads them from the pod's status.
+        {"name": "KUBERL_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH},
         *RAY_ENV,
     ]
     shm, shm_mount = _shm_volume()
@@ -279,6 +284,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         "volumeMounts": [{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT}, shm_mount],
         # A learner that fails without a termination message leaves its last log lines in the pod's
         # status, and the operator quotes them in the job's failure message.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     annotations = None

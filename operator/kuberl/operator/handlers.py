@@ -169,6 +169,13 @@ class JobLoop:
     async def _scrape(self, job: RLTrainingJob | None, pods: list[PodView]) -> st_.LearnerReport | None:
         if job is None or not job.spec.metrics.enabled:
             return None
+        # A learner that finished left its final metrics as its termination message: the last word on
+        # progress and the evaluation, which a scrape may have missed in the moments before it exited.
+        ended = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned
+                      and pod.phase == "Succeeded" and pod.final_message), None)
+        if ended is not None:
+            with contextlib.suppress(ValueError):
+                return st_.parse_learner_metrics(ended.final_message, job_name=self.name)
         if time.monotonic() - self.last_scrape < self.rt.config.progress_interval:
             return None
         learner = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned

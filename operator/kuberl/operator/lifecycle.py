@@ -50,6 +50,8 @@ class PodView:
     owned: bool = True
     ip: str | None = None
     why: str = ""
+    #: The termination message of a container that exited 0 (the learner's final metrics).
+    final_message: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -81,6 +83,7 @@ class PodView:
             owned=owner_uid is None or owner_uid in owners,
             ip=status.get("podIP"),
             why=_why(status),
+            final_message=_final_message(status) if phase == "Succeeded" else None,
         )
 
 
@@ -89,6 +92,14 @@ def _int(text: str | None) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+def _final_message(status: dict[str, Any]) -> str | None:
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term.get("exitCode") == 0 and term.get("message"):
+            return term["message"]
+    return None
 
 
 def _why(status: dict[str, Any]) -> str:

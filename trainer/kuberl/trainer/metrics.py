@@ -86,6 +86,37 @@ class LearnerMetrics:
         self.server = server
         return server.server_address[1]
 
+    def samples_text(self, limit: int = 4096) -> str:
+        """The metrics as exposition sample lines (no HELP/TYPE), cut at a whole line within `limit` bytes."""
+        from prometheus_client import generate_latest
+
+        lines = [line for line in generate_latest(self.registry).decode().splitlines()
+                 if line and not line.startswith("#") and not line.split("{")[0].split(" ")[0].endswith("_created")]
+        out, size = [], 0
+        for line in lines:
+            if size + len(line) + 1 > limit:
+                break
+            out.append(line)
+            size += len(line) + 1
+        return "\n".join(out) + "\n"
+
+    def write_termination_message(self) -> None:
+        """In a pod: leave the final metrics as the container's termination message, so the operator
+        reads the final progress and evaluation from the pod's status even after /metrics is gone
+        (the path is the container's terminationMessagePath, given in $KUBERL_TERMINATION_MESSAGE_PATH)."""
+        import os
+
+        path = os.environ.get("KUBERL_TERMINATION_MESSAGE_PATH")
+        if not path:
+            return
+        try:
+            with open(path, "w") as handle:
+                handle.write(self.samples_text())
+        except OSError as err:
+            import logging
+
+            logging.getLogger("kuberl.trainer").warning("cannot write the termination message to %s: %s", path, err)
+
     def close(self) -> None:
         if self.server is not None:
             self.server.shutdown()

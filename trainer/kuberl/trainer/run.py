@@ -192,12 +192,14 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
     try:
         workers.reconcile(wait_for_all=60.0)
+        log.info("%d/%d rollout workers ready", len(workers.ready()), replicas)
         reason = loop.run()
         evaluation = loop.evaluate() if spec.evaluation.enabled else {}
         loop.checkpoint(force=True)
         metrics.set("kuberl_job_finished", 1)
         mean_return = float(np.mean(recent_returns)) if recent_returns else None
         report.finish(counters.as_dict(), mean_return, evaluation, reason, ray_seconds)
+        metrics.write_termination_message()
         return TrainResult(True, reason, counters, mean_return, evaluation, run_dir, ray_seconds,
                            metrics_port, loop.solved_at)
     finally:

@@ -1,0 +1,888 @@
+"""
+A one-node kubelet for tests: runs the API emulator's Pods as real podman containers.
+
+`NodeAgent` watches Pods through the emulator's HTTP API, as a kubelet watches its API server,
+binds each new Pod to its node (`spec.nodeName`), and runs it: initContainers one after another,
+then its containers, each a `podman run` of the container's image with the Pod's command/args/env,
+volumes (emptyDir as a directory, a memory emptyDir as tmpfs, /dev/shm as the container's shm, a
+PersistentVolumeClaim as a host directory that outlives the pod), securityContext (user, group,
+fsGroup as a supplemental group, read-only root, capabilities, no-new-privileges) and resource
+limits (cpu/memory, where the sandbox's cgroups allow them). Each Pod gets its own address on a
+podman network of the test's own; every container of a namespace mounts one hosts file that maps
+pod names and Service names (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) to the
+addresses of their pods, rewritten in place as pods come and go (there is no DNS server here).
+
+It writes status back the way a kubelet does (phase, podIP, hostIP, conditions with Ready from the
+readiness probes, containerStatuses and initContainerStatuses with state, exit code, reason and
+restartCount, a termination message from the log for `FallbackToLogsOnError`), honours
+restartPolicy, stops containers on Pod deletion (SIGTERM, then SIGKILL after the grace period;
+with the emulator's `graceful_pod_deletion` the Pod stays Terminating until then), and serves
+container logs to the emulator so `kubectl logs` works.
+
+Not emulated: image pulls (images must be present), liveness/startup probes, cgroup-enforced CPU
+shares between pods, Service port remapping (a Service name resolves to the pod's address, so its
+port must equal the target port), NetworkPolicy enforcement, DNS search domains, hostPath/secret/projected
+volumes (the service-account token included) (a Pod using one fails with a message naming it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import json
+import logging
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+
+#: Ulimits podman sets by default need CAP_SYS_RESOURCE, which this sandbox lacks.
+CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\n"
+RESTART_BACKOFF_SECONDS = (10, 20, 40, 80, 160, 300)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Podman:
+    """The podman command line, with the runtime and configuration this sandbox needs."""
+
+    def __init__(self, workdir: pathlib.Path):
+        self.conf = pathlib.Path(os.environ.get("CONTAINERS_CONF") or workdir / "containers.conf")
+        if "CONTAINERS_CONF" not in os.environ:
+            self.conf.parent.mkdir(parents=True, exist_ok=True)
+            self.conf.write_text(CONTAINERS_CONF)
+        self.env = {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+        self.base = ["podman", "--runtime", "runc"]
+
+    def argv(self, *args: str) -> list[str]:
+        return [*self.base, *args]
+
+    def __call__(self, *args: str, check: bool = True, timeout: float | None = 120) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("podman") is not None and shutil.which("runc") is not None
+
+    def image_exists(self, image: str) -> bool:
+        return self("image", "exists", image, check=False).returncode == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The API, over HTTP, as a kubelet uses it
+# --------------------------------------------------------------------------------------------------
+
+
+class Api:
+    """Just the requests a kubelet makes: watch pods, read services/claims, patch pod status, delete."""
+
+    def __init__(self, server: str):
+        self.server = server.rstrip("/")
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json", timeout: float = 30) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method,
+                                     headers={"Content-Type": content_type, "Accept": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return json.loads(response.read() or b"null")
+
+    def get(self, path: str) -> Any:
+        try:
+            return self.request("GET", path)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def patch(self, path: str, patch: Mapping[str, Any]) -> Any:
+        try:
+            return self.request("PATCH", path, patch, "application/merge-patch+json")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:  # deleted meanwhile
+                return None
+            raise
+
+    def delete(self, path: str, grace: int | None = None) -> None:
+        body = None if grace is None else {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace}
+        try:
+            self.request("DELETE", path, body)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+
+    def watch(self, path: str, resource_version: str, stop: threading.Event) -> Iterator[Body]:
+        url = f"{self.server}{path}?watch=true&resourceVersion={resource_version}"
+        with urllib.request.urlopen(url, timeout=3600) as response:
+            while not stop.is_set():
+                line = response.readline()
+                if not line:
+                    return
+                yield json.loads(line)
+
+
+# --------------------------------------------------------------------------------------------------
+# One pod
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ContainerState:
+    """What the agent knows of one container of a pod: its podman names and last state."""
+
+    name: str
+    init: bool
+    restart_count: int = 0
+    current: str | None = None        # podman container name now (or last) running
+    previous: str | None = None       # the one before the last restart, for `kubectl logs --previous`
+    state: Body = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
+    last_state: Body = field(default_factory=dict)
+    ready: bool = False
+    started: bool = False
+
+    def status(self, spec: Mapping[str, Any]) -> Body:
+        out: Body = {
+            "name": self.name,
+            "image": spec.get("image", ""),
+            "imageID": "",
+            "ready": self.ready,
+            "restartCount": self.restart_count,
+            "started": self.started,
+            "state": self.state,
+            "lastState": self.last_state,
+        }
+        if self.current:
+            out["containerID"] = f"podman://{self.current}"
+        return out
+
+
+class PodRunner:
+    """Runs one Pod to its end (or until it is deleted) in a thread of its own."""
+
+    def __init__(self, agent: NodeAgent, pod: Body, ip: str):
+        self.agent = agent
+        self.pod = pod
+        self.meta = pod["metadata"]
+        self.spec = pod["spec"]
+        self.ns, self.name, self.uid = self.meta["namespace"], self.meta["name"], self.meta["uid"]
+        self.ip = ip
+        self.dir = agent.workdir / "pods" / self.uid
+        self.containers = {c["name"]: ContainerState(c["name"], init=False) for c in self.spec["containers"]}
+        self.init_containers = {
+            c["name"]: ContainerState(c["name"], init=True) for c in self.spec.get("initContainers") or []
+        }
+        self.phase = "Pending"
+        self.initialized = False
+        self.message: str | None = None
+        self.reason: str | None = None
+        self.start_time = _now()
+        self.terminating = threading.Event()
+        self.grace = int(self.spec.get("terminationGracePeriodSeconds", 30))
+        self.finished = threading.Event()
+        self._status_lock = threading.Lock()
+        self.sandbox = f"k8s_{self.name}_{self.ns}_{self.uid[:8]}"
+        self.thread = threading.Thread(target=self._main, name=f"pod-{self.ns}-{self.name}", daemon=True)
+
+    # ---- the pod's life ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # a failure of the agent, not of the pod: report it on the pod
+            logger.exception("node agent: pod %s/%s", self.ns, self.name)
+            self.agent.errors.append(f"{self.ns}/{self.name}: {exc!r}")
+            self.phase, self.reason, self.message = "Failed", "NodeAgentError", str(exc)
+            self.write_status()
+        finally:
+            self.finished.set()
+            self.agent.pod_finished(self)
+
+    def _run(self) -> None:
+        self.write_status()
+        try:
+            volumes = self._prepare_volumes()
+        except (ValueError, LookupError) as exc:
+            self.phase, self.reason, self.message = "Failed", "FailedMount", str(exc)
+            self.write_status()
+            return
+        # The pod sandbox: a podman pod whose infra container holds the pod's address (and its
+        # network namespace, shared by every container of the pod, init containers included).
+        labels = [a for k, v in self.agent.labels.items() for a in ("--label", f"{k}={v}")]
+        self.agent.podman("pod", "create", "--name", self.sandbox, "--network", self.agent.network,
+                          "--ip", self.ip, "--hostname", self.name[:63], "--share", "net,uts", *labels)
+        restart_policy = self.spec.get("restartPolicy", "Always")
+        for spec in self.spec.get("initContainers") or []:
+            state = self.init_containers[spec["name"]]
+            while True:
+                if self.terminating.is_set():
+                    return
+                code = self._run_to_end(spec, state, volumes)
+                if code == 0:
+                    break
+                if self.terminating.is_set():
+                    return
+                if restart_policy == "Never":
+                    self.phase, self.reason = "Failed", None
+                    self.write_status()
+                    return
+                self._backoff(state)
+        self.initialized = True
+        self.write_status()
+        mains = [c for c in self.spec["containers"]]
+        for spec in mains:
+            self._start(spec, self.containers[spec["name"]], volumes)
+        self.phase = "Running"
+        self.write_status()
+        waiters = {spec["name"]: threading.Thread(target=self._supervise, args=(spec, volumes), daemon=True)
+                   for spec in mains}
+        for waiter in waiters.values():
+            waiter.start()
+        probe = threading.Thread(target=self._probe_loop, daemon=True)
+        probe.start()
+        for waiter in waiters.values():
+            waiter.join()
+        if self.terminating.is_set():
+            return
+        codes = [int(self.containers[s["name"]].state["terminated"]["exitCode"]) for s in mains]
+        self.phase = "Succeeded" if all(code == 0 for code in codes) else "Failed"
+        self.write_status()
+
+    def _supervise(self, spec: Body, volumes: list[str]) -> None:
+        """Wait for a main container; restart it as restartPolicy says, until the pod ends."""
+        state = self.containers[spec["name"]]
+        policy = self.spec.get("restartPolicy", "Always")
+        while True:
+            code = self._wait(state)
+            if self.terminating.is_set():
+                return
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                return
+            self._backoff(state)
+            if self.terminating.is_set():
+                return
+            state.last_state, state.previous = {"terminated": state.state["terminated"]}, state.current
+            state.restart_count += 1
+            self._start(spec, state, volumes)
+            self.write_status()
+
+    def _backoff(self, state: ContainerState) -> None:
+        delay = RESTART_BACKOFF_SECONDS[min(state.restart_count, len(RESTART_BACKOFF_SECONDS) - 1)]
+        state.state = {"waiting": {"reason": "CrashLoopBackOff",
+                                   "message": f"back-off {delay}s restarting failed container={state.name}"}}
+        self.write_status()
+        self.terminating.wait(delay)
+
+    def _run_to_end(self, spec: Body, state: ContainerState, volumes: list[str]) -> int:
+        if state.current:
+            state.previous = state.current
+            state.restart_count += 1
+        self._start(spec, state, volumes)
+        self.write_status()
+        return self._wait(state)
+
+    def _start(self, spec: Body, state: ContainerState, volumes: list[str]) -> None:
+        podman_name = f"k8s_{spec['name']}_{self.name}_{self.ns}_{self.uid[:8]}_{state.restart_count}"
+        argv = self.agent.run_argv(self, spec, podman_name, volumes)
+        result = self.agent.podman(*argv, check=False)
+        state.current = podman_name
+        if result.returncode != 0:
+            message = result.stderr.strip() or result.stdout.strip()
+            state.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message,
+                                          "startedAt": _now(), "finishedAt": _now()}}
+            state.started = False
+            logger.warning("node agent: %s/%s %s failed to start: %s", self.ns, self.name, spec["name"], message)
+            return
+        state.state = {"running": {"startedAt": _now()}}
+        state.started = True
+        state.ready = not spec.get("readinessProbe") and not state.init
+
+    def _wait(self, state: ContainerState) -> int:
+        """Block until the container exits; record its terminated state; return its exit code."""
+        if "terminated" in state.state:  # never started
+            return int(state.state["terminated"]["exitCode"])
+        result = self.agent.podman("wait", state.current, check=False, timeout=None)
+        try:
+            code = int(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            code = 137
+        info = self.agent.podman("inspect", "--format", "{{json .State}}", state.current, check=False)
+        started = finished = _now()
+        oom = False
+        if info.returncode == 0:
+            raw = json.loads(info.stdout)
+            started = (raw.get("StartedAt") or started)[:19] + "Z"
+            finished = (raw.get("FinishedAt") or finished)[:19] + "Z"
+            oom = bool(raw.get("OOMKilled"))
+        reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+        terminated: Body = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": finished}
+        spec = self._spec_of(state)
+        message_file = self.termination_message_file(state)
+        text = message_file.read_text(errors="replace")[:4096] if message_file.exists() else ""
+        if text:  # what the container wrote to its terminationMessagePath
+            terminated["message"] = text
+        elif code != 0 and spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            tail = self.agent.podman("logs", "--tail", "80", state.current, check=False)
+            text = (tail.stdout + tail.stderr)[-4096:]
+            if text.strip():
+                terminated["message"] = text
+        state.state = {"terminated": terminated}
+        state.ready = False
+        self.write_status()
+        return code
+
+    def termination_message_file(self, state: ContainerState) -> pathlib.Path:
+        return self.dir / "termination" / f"{state.name}-{state.restart_count}"
+
+    def _spec_of(self, state: ContainerState) -> Body:
+        key = "initContainers" if state.init else "containers"
+        return next(c for c in self.spec.get(key) or [] if c["name"] == state.name)
+
+    # ---- readiness ---------------------------------------------------------------------------------
+
+    def _probe_loop(self) -> None:
+        specs = [c for c in self.spec["containers"] if c.get("readinessProbe")]
+        if not specs:
+            return
+        next_at = {c["name"]: time.monotonic() + float(c["readinessProbe"].get("initialDelaySeconds", 0))
+                   for c in specs}
+        failures = {c["name"]: 0 for c in specs}
+        successes = {c["name"]: 0 for c in specs}
+        while not self.terminating.is_set() and self.phase == "Running":
+            now = time.monotonic()
+            for c in specs:
+                state = self.containers[c["name"]]
+                if now < next_at[c["name"]] or "running" not in state.state:
+                    continue
+                probe = c["readinessProbe"]
+                next_at[c["name"]] = now + float(probe.get("periodSeconds", 10))
+                ok = self._probe(c, probe)
+                if ok:
+                    successes[c["name"]] += 1
+                    failures[c["name"]] = 0
+                else:
+                    failures[c["name"]] += 1
+                    successes[c["name"]] = 0
+                ready = state.ready
+                if ok and successes[c["name"]] >= int(probe.get("successThreshold", 1)):
+                    ready = True
+                elif not ok and failures[c["name"]] >= int(probe.get("failureThreshold", 3)):
+                    ready = False
+                if ready != state.ready:
+                    state.ready = ready
+                    self.write_status()
+            # Fast first answer: until a container is ready, probe every 0.25 s (a kubelet would wait
+            # periodSeconds; the tests measure start-up, not probe periods).
+            pending = [c for c in specs if not self.containers[c["name"]].ready]
+            for c in pending:
+                next_at[c["name"]] = min(next_at[c["name"]], time.monotonic() + 0.25)
+            self.terminating.wait(min(max(0.05, min(next_at.values()) - time.monotonic()), 1.0))
+
+    def _port(self, container: Mapping[str, Any], port: Any) -> int:
+        if isinstance(port, int) or str(port).isdigit():
+            return int(port)
+        for p in container.get("ports") or []:
+            if p.get("name") == port:
+                return int(p["containerPort"])
+        raise LookupError(f"container {container['name']} has no port named {port!r}")
+
+    def _probe(self, container: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
+        timeout = float(probe.get("timeoutSeconds", 1))
+        try:
+            if "tcpSocket" in probe:
+                with socket.create_connection((self.ip, self._port(container, probe["tcpSocket"]["port"])),
+                                              timeout=timeout):
+                    return True
+            if "httpGet" in probe:
+                get = probe["httpGet"]
+                url = f"http://{self.ip}:{self._port(container, get['port'])}{get.get('path', '/')}"
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    return 200 <= response.status < 400
+            if "exec" in probe:
+                state = self.containers[container["name"]]
+                result = self.agent.podman("exec", state.current, *probe["exec"]["command"], check=False,
+                                           timeout=timeout + 5)
+                return result.returncode == 0
+        except (OSError, urllib.error.URLError, LookupError, subprocess.TimeoutExpired):
+            return False
+        return False
+
+    # ---- volumes -----------------------------------------------------------------------------------
+
+    def _prepare_volumes(self) -> dict[str, tuple[str, Body]]:
+        """Volume name -> (kind, details) with host directories made; raises for what is unsupported."""
+        out: dict[str, tuple[str, Body]] = {}
+        fs_group = (self.spec.get("securityContext") or {}).get("fsGroup")
+        for volume in self.spec.get("volumes") or []:
+            name = volume["name"]
+            if "emptyDir" in volume:
+                empty = volume["emptyDir"] or {}
+                if empty.get("medium") == "Memory":
+                    out[name] = ("tmpfs", {"sizeLimit": empty.get("sizeLimit")})
+                else:
+                    path = self.dir / "volumes" / name
+                    path.mkdir(parents=True, exist_ok=True)
+                    path.chmod(0o777)  # as a kubelet makes an emptyDir
+                    out[name] = ("dir", {"path": str(path)})
+            elif "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                if self.agent.api.get(f"/api/v1/namespaces/{self.ns}/persistentvolumeclaims/{claim}") is None:
+                    raise LookupError(f'persistentvolumeclaim "{claim}" not found')
+                path = self.agent.claim_dir(self.ns, claim)
+                if fs_group is not None:  # a kubelet makes the volume group-owned by fsGroup, setgid
+                    os.chown(path, 0, int(fs_group))
+                    path.chmod(0o2775)
+                out[name] = ("dir", {"path": str(path)})
+            elif "configMap" in volume:
+                source = volume["configMap"]
+                cm = self.agent.api.get(f"/api/v1/namespaces/{self.ns}/configmaps/{source['name']}")
+                if cm is None:
+                    raise LookupError(f'configmap "{source["name"]}" not found')
+                path = self.dir / "volumes" / name
+                path.mkdir(parents=True, exist_ok=True)
+                data = cm.get("data") or {}
+                items = source.get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    target = path / item["path"]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(data[item["key"]])
+                    target.chmod(int(item.get("mode", source.get("defaultMode", 0o644))))
+                out[name] = ("dir", {"path": str(path), "readOnly": True})
+            else:
+                kinds = sorted(set(volume) - {"name"})
+                raise ValueError(f"volume {name!r}: {kinds} volumes are not supported by the test node agent")
+        return out
+
+    # ---- status ------------------------------------------------------------------------------------
+
+    def status(self) -> Body:
+        containers = [self.containers[c["name"]].status(c) for c in self.spec["containers"]]
+        inits = [self.init_containers[c["name"]].status(c) for c in self.spec.get("initContainers") or []]
+        ready = self.phase == "Running" and all(c["ready"] for c in containers)
+        now = _now()
+        conditions = [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True" if self.initialized else "False"},
+            {"type": "ContainersReady", "status": "True" if ready else "False"},
+            {"type": "Ready", "status": "True" if ready else "False"},
+        ]
+        for condition in conditions:
+            condition["lastTransitionTime"] = now
+        status: Body = {
+            "phase": self.phase,
+            "conditions": conditions,
+            "hostIP": self.agent.host_ip,
+            "podIP": self.ip,
+            "podIPs": [{"ip": self.ip}],
+            "startTime": self.start_time,
+            "containerStatuses": containers,
+            "qosClass": "Burstable",
+        }
+        if inits:
+            status["initContainerStatuses"] = inits
+        if self.reason:
+            status["reason"] = self.reason
+        if self.message:
+            status["message"] = self.message
+        return status
+
+    def write_status(self) -> None:
+        with self._status_lock:
+            self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
+                                 {"status": self.status()})
+
+    # ---- the end -----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """The pod was deleted: SIGTERM its containers, SIGKILL after the grace period."""
+        self.terminating.set()
+        for state in [*self.init_containers.values(), *self.containers.values()]:
+            if state.current and "running" in state.state:
+                self.agent.podman("stop", "--time", str(self.grace), state.current, check=False,
+                                  timeout=self.grace + 60)
+
+    def remove_containers(self) -> None:
+        """The pod is gone: remove its containers (kept until now for their logs, as on a node)."""
+        for state in [*self.init_containers.values(), *self.containers.values()]:
+            for name in (state.previous, state.current):
+                if name:
+                    self.agent.podman("rm", "--force", "--time", "0", name, check=False)
+        self.agent.podman("pod", "rm", "--force", "--time", "0", self.sandbox, check=False)
+
+    def all_container_names(self) -> list[str]:
+        return [n for s in [*self.init_containers.values(), *self.containers.values()]
+                for n in (s.previous, s.current) if n]
+
+
+# --------------------------------------------------------------------------------------------------
+# The node
+# --------------------------------------------------------------------------------------------------
+
+
+class NodeAgent:
+    """One node: watches every Pod of the API server, runs the new ones, stops the deleted ones."""
+
+    def __init__(self, api_server: str, workdir: pathlib.Path, *, network: str, subnet: str,
+                 node_name: str = "kuberl-test-node", podman: Podman | None = None,
+                 resource_limits: bool = True, labels: Mapping[str, str] | None = None):
+        self.api = Api(api_server)
+        self.workdir = pathlib.Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.podman = podman or Podman(self.workdir)
+        self.network = network
+        self.subnet = ipaddress.ip_network(subnet)
+        hosts = self.subnet.hosts()
+        self.host_ip = str(next(hosts))  # the bridge's gateway
+        self._free_ips = hosts
+        self.node_name = node_name
+        self.resource_limits = resource_limits
+        self.labels = dict(labels or {})
+        self.pods: dict[str, PodRunner] = {}  # by uid
+        self.errors: list[str] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch_loop, args=("/api/v1/pods", self._on_pod),
+                                        name="node-agent-pods", daemon=True)
+        self._services_thread = threading.Thread(
+            target=self._watch_loop, args=("/api/v1/services", lambda *_: self.refresh_hosts()),
+            name="node-agent-services", daemon=True)
+        self._hosts: pathlib.Path | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> NodeAgent:
+        self._thread.start()
+        self._services_thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            runners = list(self.pods.values())
+        for runner in runners:
+            runner.grace = min(runner.grace, 2)
+            runner.stop()
+        for runner in runners:
+            runner.finished.wait(60)
+            runner.remove_containers()
+
+    def __enter__(self) -> NodeAgent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- watching ----------------------------------------------------------------------------------
+
+    def _watch_loop(self, path: str, handle: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                listing = self.api.get(path)
+                for obj in listing["items"]:
+                    handle("ADDED", obj)
+                resource_version = listing["metadata"]["resourceVersion"]
+                for event in self.api.watch(path, resource_version, self._stop):
+                    handle(event["type"], event["object"])
+            except (OSError, urllib.error.URLError, ValueError) as exc:
+                if self._stop.is_set():
+                    return
+                logger.info("node agent: watch interrupted (%r); re-listing", exc)
+                self._stop.wait(0.2)
+
+    def _on_pod(self, event_type: str, pod: Body) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        with self._lock:
+            runner = self.pods.get(uid)
+            if event_type == "DELETED" or meta.get("deletionTimestamp"):
+                if runner is not None and not runner.terminating.is_set():
+                    runner.terminating.set()
+                    threading.Thread(target=self._terminate, args=(runner,), daemon=True).start()
+                elif runner is None and event_type != "DELETED":  # never ran here: nothing to stop
+                    self.api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", grace=0)
+                return
+            if runner is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                return
+            if (pod.get("spec") or {}).get("nodeName") not in (None, self.node_name):
+                return
+            ip = str(next(self._free_ips))
+            bound = self.api.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                   {"spec": {"nodeName": self.node_name}})
+            if bound is None:
+                return
+            runner = PodRunner(self, bound, ip)
+            self.pods[uid] = runner
+        self.refresh_hosts(meta["namespace"])
+        runner.start()
+
+    def _terminate(self, runner: PodRunner) -> None:
+        runner.stop()
+        runner.finished.wait(runner.grace + 120)
+        runner.remove_containers()
+        with self._lock:
+            self.pods.pop(runner.uid, None)
+        self.refresh_hosts(runner.ns)
+        # The kubelet's last word: the containers are gone, so is the pod.
+        self.api.delete(f"/api/v1/namespaces/{runner.ns}/pods/{runner.name}", grace=0)
+
+    def pod_finished(self, runner: PodRunner) -> None:
+        self.refresh_hosts(runner.ns)
+
+    # ---- names -------------------------------------------------------------------------------------
+
+    def hosts_file(self) -> pathlib.Path:
+        """The node's hosts file, bind-mounted at /etc/hosts into every container."""
+        with self._lock:
+            if self._hosts is None:
+                self._hosts = self.workdir / "hosts"
+                self._hosts.write_text("127.0.0.1 localhost\n")
+                self._hosts.chmod(0o644)
+            return self._hosts
+
+    def refresh_hosts(self, namespace: str | None = None) -> None:
+        """Rewrite the hosts file in place (containers bind-mount its inode): pod names and the fully
+        qualified Service names (`svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) of every namespace."""
+        with self._lock:
+            running = [r for r in self.pods.values()
+                       if not r.terminating.is_set() and r.phase in ("Pending", "Running")]
+            services = (self.api.get("/api/v1/services") or {"items": []})["items"]
+            lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+            for runner in sorted(running, key=lambda r: (r.ns, r.name)):
+                lines.append(f"{runner.ip} {runner.name}")
+            for service in services:
+                selector = (service.get("spec") or {}).get("selector") or {}
+                if not selector:
+                    continue
+                svc, ns = service["metadata"]["name"], service["metadata"]["namespace"]
+                names = f"{svc}.{ns}.svc.cluster.local {svc}.{ns}.svc {svc}.{ns}"
+                for runner in sorted(running, key=lambda r: r.name):
+                    labels = runner.meta.get("labels") or {}
+                    if runner.ns == ns and all(labels.get(k) == v for k, v in selector.items()):
+                        lines.append(f"{runner.ip} {names}")
+            with open(self.hosts_file(), "r+") as handle:
+                handle.seek(0)
+                handle.write("\n".join(lines) + "\n")
+                handle.truncate()
+
+    def claim_dir(self, namespace: str, claim: str) -> pathlib.Path:
+        """The host directory behind a PersistentVolumeClaim: it outlives every pod."""
+        path = self.workdir / "claims" / namespace / claim
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # ---- podman run --------------------------------------------------------------------------------
+
+    def run_argv(self, runner: PodRunner, spec: Body, podman_name: str, volumes: Mapping[str, tuple[str, Body]]
+                 ) -> list[str]:
+        pod_sc = runner.spec.get("securityContext") or {}
+        sc = {**pod_sc, **(spec.get("securityContext") or {})}
+        argv = ["run", "--detach", "--name", podman_name, "--pull", "never", "--pod", runner.sandbox,
+                "--volume", f"{self.hosts_file()}:/etc/hosts:ro",
+                "--label", f"io.kubernetes.pod.uid={runner.uid}",
+                "--label", f"io.kubernetes.pod.namespace={runner.ns}",
+                "--label", f"io.kubernetes.pod.name={runner.name}",
+                "--log-driver", "k8s-file"]
+        for key, value in self.labels.items():
+            argv += ["--label", f"{key}={value}"]
+        user = sc.get("runAsUser")
+        if user is not None:
+            group = sc.get("runAsGroup", 0)
+            argv += ["--user", f"{user}:{group}"]
+        if pod_sc.get("fsGroup") is not None:
+            argv += ["--group-add", str(pod_sc["fsGroup"])]
+        for gid in pod_sc.get("supplementalGroups") or []:
+            argv += ["--group-add", str(gid)]
+        if sc.get("readOnlyRootFilesystem"):
+            argv += ["--read-only", "--read-only-tmpfs=false"]
+        capabilities = sc.get("capabilities") or {}
+        for cap in capabilities.get("drop") or []:
+            argv += ["--cap-drop", cap.lower() if cap == "ALL" else cap]
+        for cap in capabilities.get("add") or []:
+            argv += ["--cap-add", cap]
+        if sc.get("allowPrivilegeEscalation") is False:
+            argv += ["--security-opt", "no-new-privileges"]
+        if sc.get("runAsNonRoot") and user in (None, 0):
+            raise ValueError(f"container {spec['name']}: runAsNonRoot and no non-zero runAsUser")
+        limits = (spec.get("resources") or {}).get("limits") or {}
+        if self.resource_limits:
+            if "cpu" in limits:
+                argv += ["--cpus", str(_cpu(limits["cpu"]))]
+            if "memory" in limits:
+                argv += ["--memory", str(_bytes(limits["memory"]))]
+        for env in spec.get("env") or []:
+            value = env.get("value")
+            if value is None and "valueFrom" in env:
+                value = self._env_from(runner, env["valueFrom"])
+            argv += ["--env", f"{env['name']}={value or ''}"]
+        if spec.get("workingDir"):
+            argv += ["--workdir", spec["workingDir"]]
+        for mount in spec.get("volumeMounts") or []:
+            kind, details = volumes[mount["name"]]
+            target, ro = mount["mountPath"], mount.get("readOnly", False) or details.get("readOnly", False)
+            if kind == "tmpfs":  # /dev/shm included: podman's own shm mount gives way to it
+                # Without a sizeLimit, a memory emptyDir is as big as the node lets it be: tmpfs's default.
+                size = f",tmpfs-size={_bytes(details['sizeLimit'])}" if details.get("sizeLimit") else ""
+                argv += ["--mount", f"type=tmpfs,destination={target}{size},tmpfs-mode=1777"]
+            else:
+                argv += ["--volume", f"{details['path']}:{target}:{'ro' if ro else 'rw'}"]
+        message_file = runner.termination_message_file(
+            (runner.init_containers if spec in (runner.spec.get("initContainers") or []) else runner.containers)[spec["name"]])
+        message_file.parent.mkdir(parents=True, exist_ok=True)
+        message_file.write_text("")
+        message_file.chmod(0o666)
+        argv += ["--volume", f"{message_file}:{spec.get('terminationMessagePath', '/dev/termination-log')}:rw"]
+        command, args = spec.get("command"), spec.get("args")
+        if command:
+            argv += ["--entrypoint", json.dumps(command)]
+        argv.append(spec["image"])
+        if args:
+            argv += list(args)
+        return argv
+
+    def _env_from(self, runner: PodRunner, source: Mapping[str, Any]) -> str:
+        path = (source.get("fieldRef") or {}).get("fieldPath")
+        values = {"metadata.name": runner.name, "metadata.namespace": runner.ns, "metadata.uid": runner.uid,
+                  "status.podIP": runner.ip, "status.hostIP": self.host_ip, "spec.nodeName": self.node_name}
+        if path in values:
+            return values[path]
+        raise ValueError(f"env valueFrom {dict(source)} is not supported by the test node agent")
+
+    # ---- logs, for the emulator --------------------------------------------------------------------
+
+    def runner(self, namespace: str, name: str) -> PodRunner | None:
+        with self._lock:
+            for runner in self.pods.values():
+                if runner.ns == namespace and runner.name == name:
+                    return runner
+        return None
+
+    async def pod_logs(self, namespace: str, name: str, query: Mapping[str, str], pod: Body
+                       ) -> AsyncIterator[bytes]:
+        """`GET pods/{name}/log`: container (default: the only one), previous, follow, tailLines."""
+        import kmock  # the emulator's error type, so a bad request is a 400 with a Status body
+
+        runner = self.runner(namespace, name)
+        if runner is None:
+            raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                        message=f"pod {name} has no containers on this node")
+        container = query.get("container")
+        if not container:
+            if len(runner.containers) != 1:
+                names = " ".join(runner.containers)
+                raise kmock.KubernetesError(
+                    status=400, reason="BadRequest",
+                    message=f"a container name must be specified for pod {name}, choose one of: [{names}]")
+            container = next(iter(runner.containers))
+        state = runner.containers.get(container) or runner.init_containers.get(container)
+        if state is None:
+            raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                        message=f"container {container} is not valid for pod {name}")
+        target = state.previous if query.get("previous") in ("true", "1") else state.current
+        if target is None:
+            raise kmock.KubernetesError(
+                status=400, reason="BadRequest",
+                message=f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+        argv = self.podman.argv("logs")
+        if query.get("tailLines"):
+            argv += ["--tail", query["tailLines"]]
+        if query.get("follow") in ("true", "1"):
+            argv.append("--follow")
+        argv.append(target)
+
+        async def stream() -> AsyncIterator[bytes]:
+            process = await asyncio.create_subprocess_exec(
+                *argv, env=self.podman.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            assert process.stdout is not None
+            try:
+                while chunk := await process.stdout.read(65536):
+                    yield chunk
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                await process.wait()
+
+        return stream()
+
+
+def _cpu(quantity: Any) -> float:
+    text = str(quantity)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def _bytes(quantity: Any) -> int:
+    text = str(quantity)
+    for suffix, factor in _SUFFIXES.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
+# --------------------------------------------------------------------------------------------------
+# The test's own network
+# --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def podman_network(podman: Podman, name: str, subnet: str) -> Iterator[str]:
+    """A podman bridge network of the test's own; removed (with anything left on it) at the end."""
+    podman("network", "rm", "--force", name, check=False)
+    podman("network", "create", "--subnet", subnet, "--disable-dns", name)
+    try:
+        yield name
+    finally:
+        podman("network", "rm", "--force", name, check=False)
+
+
+def free_subnet(podman: Podman, seed: int) -> str:
+    """A /16 in 10.0.0.0/8 no podman network here uses yet."""
+    used = set()
+    listing = podman("network", "ls", "--format", "{{json .}}", check=False).stdout
+    for line in listing.splitlines():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            for sub in json.loads(line).get("subnets") or []:
+                used.add(str(sub.get("subnet")))
+    for offset in range(200):
+        second = 100 + (seed + offset) % 150
+        candidate = f"10.{second}.0.0/16"
+        if candidate not in used:
+            return candidate
+    raise RuntimeError("no free 10.x.0.0/16 for a podman network")
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout}s")
+        time.sleep(interval)
+
+
+__all__ = ["NodeAgent", "Podman", "free_subnet", "podman_network", "wait_until"]

@@ -1,0 +1,204 @@
+"""
+The cluster path, executed: the real images, the operator from its image, every pod a real container.
+
+One bed per module (tests/cluster_bed.py): the API emulator, a node agent running pods as podman
+containers on the bed's own network, the chart's CRD and RBAC applied with kubectl, the operator's
+Deployment pod from the chart, and Debian's Prometheus discovering pods by their annotations. Each
+test then acts as a user with kubectl only, and checks what the user would: columns in
+`kubectl get rltj`, `kubectl wait`, `kubectl logs`, status figures, the checkpoint claim, every
+dashboard panel, and that `kubectl delete` leaves no container behind.
+
+Mode: podman containers (this file has no local-process mode; the operator/kubelet tests without
+containers are in test_operator_integration.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster_bed import OneNodeCluster, ensure_images, podman_ready
+from node_agent import wait_until
+from tools import in_ci
+
+REPO = Path(__file__).resolve().parent.parent
+NS = "ml-jobs"
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    reason = podman_ready()
+    if reason:
+        if in_ci():
+            pytest.fail(f"the end-to-end bed cannot run: {reason}")
+        pytest.skip(reason)
+    ensure_images()
+    with OneNodeCluster(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True) as running:
+        print(f"end-to-end mode: podman containers on network {running.network}")
+        yield running
+        assert not running.agent.errors, running.agent.errors
+
+
+def example(name: str, **spec_changes) -> dict:
+    job = yaml.safe_load((REPO / "examples" / name).read_text())
+    job["metadata"]["namespace"] = NS
+    for dotted, value in spec_changes.items():
+        node = job["spec"]
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return job
+
+
+def apply(bed: OneNodeCluster, *docs: dict) -> None:
+    bed.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def claim(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": NS},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+
+
+class Watch:
+    """`kubectl get rltj -w` for the length of a test: every row it printed (the header, then NAME's)."""
+
+    def __init__(self, bed: OneNodeCluster, name: str):
+        self.name = name
+        self.proc = subprocess.Popen(["kubectl", "get", "rltj", "-n", NS, "-w"], env=bed.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(("NAME ", f"{self.name} ")):
+                self.lines.append(line.rstrip("\n"))
+
+    def stop(self) -> list[str]:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.thread.join(10)
+        return self.lines
+
+
+def job_containers(bed: OneNodeCluster, job: str) -> list[str]:
+    return [n for n in bed.bed_containers(running_only=False) if f"_{job}-" in n and f"_{NS}_" in n]
+
+
+def delete_and_check_nothing_left(bed: OneNodeCluster, job: str) -> None:
+    bed.kubectl("delete", "rltj", job, "-n", NS, "--wait=true", "--timeout=120s")
+    wait_until(lambda: not bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={job}"), 120, 0.2,
+               f"the pods of {job} to be gone")
+    wait_until(lambda: not job_containers(bed, job), 120, 0.2, f"the containers of {job} to be gone")
+
+
+def learner_figures(bed: OneNodeCluster, job: str) -> dict:
+    return bed.cluster.get("rltj", job, NS)["status"]
+
+
+def wait_complete(bed: OneNodeCluster, job: str, timeout: int) -> None:
+    result = bed.kubectl("wait", "-n", NS, f"rltj/{job}", "--for=condition=Complete", f"--timeout={timeout}s",
+                         check=False, timeout=timeout + 30)
+    if result.returncode != 0:
+        status = bed.cluster.get("rltj", job, NS).get("status")
+        pods = bed.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
+        logs = bed.kubectl("logs", "-n", NS, f"{job}-learner", "--tail=60", check=False)
+        pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
+                    f"learner log:\n{logs.stdout}{logs.stderr}\noperator log:\n{bed.operator_logs()[-3000:]}")
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
+    from test_dashboard import dashboard, grafana_expr, has_finite_value, queries
+
+    job = example("cartpole-ppo.yaml", **{"checkpointing.volume.claimName": "cartpole-checkpoints"})
+    apply(bed, claim("cartpole-checkpoints"))
+    watch = Watch(bed, "cartpole-ppo")
+    started = time.time()
+    apply(bed, job)
+    wait_complete(bed, "cartpole-ppo", 600)
+    rows = watch.stop()
+
+    # kubectl get rltj: the columns fill in while it trains, and end Succeeded with the final figures.
+    header, *states = [r.split() for r in rows]
+    assert header[:3] == ["NAME", "PHASE", "WORKERS"], rows
+    running = [r for r in states if r[1] == "Running"]
+    assert running and any(r[2] == "2/2" for r in running), rows
+    assert any(int(r[3]) > 0 for r in running), f"no Running row with episodes: {rows}"
+    assert states[-1][1] == "Succeeded", rows
+
+    status = learner_figures(bed, "cartpole-ppo")
+    progress = status["progress"]
+    assert progress["meanReturn"] >= 475, status
+    assert progress["envSteps"] > 0 and progress["episodes"] > 0 and progress["gradientUpdates"] > 0, status
+    assert status["evaluation"]["deterministic"]["meanReturn"] == 500, status
+    assert status["lastCheckpointTime"], status
+
+    # kubectl logs of the learner: what it printed in its container.
+    logs = bed.kubectl("logs", "-n", NS, "cartpole-ppo-learner").stdout
+    assert "ray joined" in logs or "joined" in logs, logs[-2000:]
+
+    # The run directory is on the claim: it outlives the learner pod.
+    run_dir = bed.agent.claim_dir(NS, "cartpole-checkpoints")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["evaluation"]["mean_return"] == 500 if "mean_return" in summary.get("evaluation", {}) else True
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt")), list(run_dir.iterdir())
+    assert (run_dir / "evaluation.json").exists() and (run_dir / "metrics.jsonl").exists()
+
+    # Prometheus found the learner pod by its annotations; every dashboard panel has data at the
+    # moment of the learner's last scrape (its pod is Succeeded now: the series ended there).
+    last = bed.prometheus_query(f'timestamp(kuberl_episodes_total{{namespace="{NS}",job_name="cartpole-ppo"}})'
+                                "[10m:1s]")
+    assert last, "Prometheus never scraped the learner pod"
+    scraped_at = max(float(v[1]) for series in last for v in series["values"])
+    assert scraped_at >= started
+    selected = {"namespace": NS, "job_name": "cartpole-ppo", "datasource": "prometheus"}
+    empty = {title: expr for title, expr in
+             ((t, grafana_expr(e, selected, "1m")) for t, e in queries(dashboard()))
+             if not has_finite_value(bed.prometheus_query(expr, at=scraped_at))}
+    assert not empty, f"dashboard panels without data: {json.dumps(empty, indent=1)}"
+
+    delete_and_check_nothing_left(bed, "cartpole-ppo")
+    assert (run_dir / "summary.json").exists(), "the claim's data must outlive the job"
+
+
+def test_tictactoe_self_play_example_with_its_evaluation_suites(bed):
+    job = example("tictactoe-dqn.yaml")
+    apply(bed, job)
+    wait_complete(bed, "tictactoe-dqn", 900)
+    status = learner_figures(bed, "tictactoe-dqn")
+    evaluation = status["evaluation"]
+    assert {"vs-random-first", "vs-random-second", "self-play"} <= set(evaluation), evaluation
+    assert evaluation["vs-random-first"]["winRate"] >= 0.9, evaluation
+    assert evaluation["vs-random-second"]["winRate"] >= 0.8, evaluation
+    assert status["progress"]["episodes"] >= 100_000, status
+    delete_and_check_nothing_left(bed, "tictactoe-dqn")
+
+
+def test_a_job_with_four_rollout_workers(bed):
+    job = example("cartpole-ppo.yaml", **{"rolloutWorkers.replicas": 4, "rolloutWorkers.envsPerWorker": 4})
+    job["metadata"]["name"] = "cartpole-four"
+    watch = Watch(bed, "cartpole-four")
+    apply(bed, job)
+    wait_complete(bed, "cartpole-four", 600)
+    rows = [r.split() for r in watch.stop()]
+    assert any(r[1] == "Running" and r[2] == "4/4" for r in rows[1:]), rows
+    status = learner_figures(bed, "cartpole-four")
+    assert status["workersDesired"] == 4, status
+    assert status["progress"]["meanReturn"] >= 475, status
+    # The learner placed one rollout actor on each of the four worker pods (Ray nodes).
+    logs = bed.kubectl("logs", "-n", NS, "cartpole-four-learner").stdout
+    assert "4/4 rollout workers" in logs, logs[-3000:]
+    delete_and_check_nothing_left(bed, "cartpole-four")
