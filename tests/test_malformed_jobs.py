@@ -32,7 +32,7 @@ NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 
 
 def expectation(path: Path) -> dict[str, str]:
-    header = dict(re.findall(r"^# (expect-path|expect-message|cluster): (.*)$", path.read_text(), re.M))
+    header = dict(re.findall(r"^# (expect-path|expect-message|cluster): (.*)$", path.read_text(), re.MULTILINE))
     assert {"expect-path", "expect-message"} <= set(header), f"{path.name} names no expectation"
     return header
 
