@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import http.client
 import ipaddress
 import json
 import logging
@@ -42,7 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,14 @@ class Api:
 
     def __init__(self, server: str):
         self.server = server.rstrip("/")
+        self.open_watches: set[Any] = set()
+
+    def close_watches(self) -> None:
+        for response in list(self.open_watches):
+            with contextlib.suppress(Exception):
+                response.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(Exception):
+                response.close()
 
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", timeout: float = 30) -> Any:
@@ -134,11 +143,15 @@ class Api:
     def watch(self, path: str, resource_version: str, stop: threading.Event) -> Iterator[Body]:
         url = f"{self.server}{path}?watch=true&resourceVersion={resource_version}"
         with urllib.request.urlopen(url, timeout=3600) as response:
-            while not stop.is_set():
-                line = response.readline()
-                if not line:
-                    return
-                yield json.loads(line)
+            self.open_watches.add(response)
+            try:
+                while not stop.is_set():
+                    line = response.readline()
+                    if not line:
+                        return
+                    yield json.loads(line)
+            finally:
+                self.open_watches.discard(response)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,16 +293,18 @@ class PodRunner:
                 return
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 return
+            last = {"terminated": state.state["terminated"]}
             self._backoff(state)
             if self.terminating.is_set():
                 return
-            state.last_state, state.previous = {"terminated": state.state["terminated"]}, state.current
+            state.last_state, state.previous = last, state.current
             state.restart_count += 1
             self._start(spec, state, volumes)
             self.write_status()
 
     def _backoff(self, state: ContainerState) -> None:
-        delay = RESTART_BACKOFF_SECONDS[min(state.restart_count, len(RESTART_BACKOFF_SECONDS) - 1)]
+        steps = self.agent.restart_backoff
+        delay = steps[min(state.restart_count, len(steps) - 1)]
         state.state = {"waiting": {"reason": "CrashLoopBackOff",
                                    "message": f"back-off {delay}s restarting failed container={state.name}"}}
         self.write_status()
@@ -546,7 +561,8 @@ class NodeAgent:
 
     def __init__(self, api_server: str, workdir: pathlib.Path, *, network: str, subnet: str,
                  node_name: str = "kuberl-test-node", podman: Podman | None = None,
-                 resource_limits: bool = True, labels: Mapping[str, str] | None = None):
+                 resource_limits: bool = True, labels: Mapping[str, str] | None = None,
+                 restart_backoff: Sequence[float] = RESTART_BACKOFF_SECONDS):
         self.api = Api(api_server)
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -559,6 +575,7 @@ class NodeAgent:
         self.node_name = node_name
         self.resource_limits = resource_limits
         self.labels = dict(labels or {})
+        self.restart_backoff = tuple(restart_backoff)
         self.pods: dict[str, PodRunner] = {}  # by uid
         self.errors: list[str] = []
         self._lock = threading.RLock()
@@ -579,6 +596,7 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stop.set()
+        self.api.close_watches()
         with self._lock:
             runners = list(self.pods.values())
         for runner in runners:
@@ -587,6 +605,8 @@ class NodeAgent:
         for runner in runners:
             runner.finished.wait(60)
             runner.remove_containers()
+        self._thread.join(10)
+        self._services_thread.join(10)
 
     def __enter__(self) -> NodeAgent:
         return self.start()
@@ -605,9 +625,11 @@ class NodeAgent:
                 resource_version = listing["metadata"]["resourceVersion"]
                 for event in self.api.watch(path, resource_version, self._stop):
                     handle(event["type"], event["object"])
-            except (OSError, urllib.error.URLError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 (a stopped agent closes its own watches under them)
                 if self._stop.is_set():
                     return
+                if not isinstance(exc, (OSError, urllib.error.URLError, ValueError, http.client.HTTPException)):
+                    self.errors.append(f"watch {path}: {exc!r}")
                 logger.info("node agent: watch interrupted (%r); re-listing", exc)
                 self._stop.wait(0.2)
 

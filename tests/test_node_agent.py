@@ -1,0 +1,210 @@
+"""
+The test bed's node agent (tests/node_agent.py) does what a kubelet does, checked on real containers.
+
+Every pod here runs as a podman container of the operator image (it has a Python and a shell); the
+agent watches the API emulator over HTTP and writes status back the way a kubelet would. These are
+the behaviours the end-to-end tests rely on; if one breaks, those tests would test the bed, not the
+product. Mode: podman containers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from cluster_bed import OPERATOR_IMAGE, ensure_images, podman_ready
+from k8s_emulator import EmulatedCluster, KubernetesApiEmulator
+from node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
+from tools import in_ci
+
+pytestmark = [pytest.mark.e2e]
+
+IMAGE = OPERATOR_IMAGE
+NS = "node-test"
+RESTRICTED = {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": True,
+              "seccompProfile": {"type": "RuntimeDefault"}}
+LOCKED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    reason = podman_ready()
+    if reason:
+        if in_ci():
+            pytest.fail(f"the node agent cannot run: {reason}")
+        pytest.skip(reason)
+    ensure_images()
+    work = tmp_path_factory.mktemp("node")
+    podman = Podman(work)
+    subnet = free_subnet(podman, 77)
+    network = f"kuberl-node-test-{int(time.time()) % 100000}"
+    with podman_network(podman, network, subnet):
+        anchor = f"{network}-gateway"
+        last = subnet.replace(".0.0/16", ".255.254")
+        podman("pod", "create", "--name", anchor, "--network", network, "--ip", last)
+        podman("pod", "start", anchor)
+        try:
+            agent = NodeAgent("http://unset", work / "agent", network=network, subnet=subnet, podman=podman,
+                              restart_backoff=(1,))
+            emulator = KubernetesApiEmulator(namespaces=["default", NS], graceful_pod_deletion=True,
+                                             pod_logs=agent.pod_logs)
+            with EmulatedCluster(emulator, work / "k8s", namespace=NS, host=agent.host_ip) as cluster:
+                agent.api.server = cluster.url
+                with agent:
+                    yield cluster, agent
+                assert not agent.errors, agent.errors
+            assert not emulator.internal_errors, emulator.internal_errors
+        finally:
+            podman("pod", "rm", "--force", "--time", "0", anchor, check=False)
+
+
+def pod(name: str, script: str, *, restart: str = "Never", volumes=(), mounts=(), init: str | None = None,
+        grace: int | None = None, labels: dict | None = None, **container) -> dict:
+    spec = {"restartPolicy": restart, "securityContext": RESTRICTED,
+            "containers": [{"name": "main", "image": IMAGE, "command": ["python3", "-u", "-c", script],
+                            "securityContext": LOCKED, "volumeMounts": list(mounts), **container}],
+            "volumes": list(volumes)}
+    if init:
+        spec["initContainers"] = [{"name": "init", "image": IMAGE, "command": ["sh", "-c", init],
+                                   "securityContext": LOCKED, "volumeMounts": list(mounts)}]
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+def ended(cluster: EmulatedCluster, name: str, timeout: float = 90) -> dict:
+    return cluster.wait_for("pods", name, lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+                            timeout=timeout)
+
+
+def ready(cluster: EmulatedCluster, name: str, timeout: float = 90) -> dict:
+    def is_ready(p: dict) -> bool:
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions", []))
+    return cluster.wait_for("pods", name, is_ready, timeout=timeout)
+
+
+def test_a_pod_runs_with_its_security_context_volumes_env_and_init_container(node):
+    cluster, agent = node
+    cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"}, "spec": {}})
+    script = """
+import json, os
+status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().splitlines() if ':\\t' in line)
+try:
+    open('/root-write-test', 'w'); root_writable = True
+except OSError:
+    root_writable = False
+open('/scratch/x', 'w').write('ok')
+st = os.statvfs('/dev/shm')
+print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'groups': sorted(os.getgroups()),
+                  'cap_eff': status['CapEff'].strip(), 'no_new_privs': status['NoNewPrivs'].strip(),
+                  'root_writable': root_writable, 'init': open('/data/init.txt').read().strip(),
+                  'pod_name': os.environ['POD_NAME'], 'pod_ip': os.environ['POD_IP'], 'plain': os.environ['PLAIN'],
+                  'shm_bytes': st.f_blocks * st.f_frsize}))
+"""
+    volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+               {"name": "scratch", "emptyDir": {}},
+               {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}}]
+    mounts = [{"name": "data", "mountPath": "/data"}, {"name": "scratch", "mountPath": "/scratch"},
+              {"name": "shm", "mountPath": "/dev/shm"}]
+    cluster.create(pod("secure", script, volumes=volumes, mounts=mounts, init="echo from-init > /data/init.txt",
+                       env=[{"name": "PLAIN", "value": "v"},
+                            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                       resources={"limits": {"cpu": "500m", "memory": "256Mi"}}))
+    done = ended(cluster, "secure")
+    status = done["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    assert status["initContainerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+    assert status["containerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    assert done["spec"]["nodeName"] == agent.node_name and status["podIP"].startswith(agent.host_ip.rsplit(".", 2)[0])
+    seen = json.loads(cluster.kubectl("logs", "secure").stdout.strip().splitlines()[-1])
+    assert seen["uid"] == 1000 and seen["gid"] == 1000 and 1000 in seen["groups"]
+    assert int(seen["cap_eff"], 16) == 0 and seen["no_new_privs"] == "1" and not seen["root_writable"]
+    assert seen["init"] == "from-init" and seen["plain"] == "v"
+    assert seen["pod_name"] == "secure" and seen["pod_ip"] == status["podIP"]
+    assert seen["shm_bytes"] == 256 * 2**20
+    # The claim is a host directory that outlives the pod, group-owned by fsGroup.
+    assert (agent.claim_dir(NS, "data") / "init.txt").read_text().strip() == "from-init"
+    cluster.kubectl("delete", "pod", "secure")
+    wait_until(lambda: not Podman(agent.workdir).__call__("ps", "-a", "--filter", "label=io.kubernetes.pod.name=secure",
+                                                         "--format", "{{.Names}}").stdout.strip(), 60, 0.2,
+               "the pod's containers removed")
+
+
+def test_service_names_resolve_to_their_pods_and_readiness_follows_the_probe(node):
+    cluster, _ = node
+    cluster.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                    "spec": {"selector": {"app": "web"}, "ports": [{"port": 8000}]}})
+    server = "import http.server; http.server.HTTPServer(('0.0.0.0', 8000), http.server.SimpleHTTPRequestHandler).serve_forever()"
+    cluster.create(pod("web", server, labels={"app": "web"}, ports=[{"name": "http", "containerPort": 8000}],
+                       readinessProbe={"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+                       workingDir="/tmp", grace=5))
+    up = ready(cluster, "web")
+    assert up["status"]["containerStatuses"][0]["ready"] is True
+    client = f"import urllib.request; print(urllib.request.urlopen('http://web.{NS}.svc:8000/').status)"
+    cluster.create(pod("client", client))
+    assert ended(cluster, "client")["status"]["phase"] == "Succeeded"
+    assert cluster.kubectl("logs", "client").stdout.strip() == "200"
+    cluster.kubectl("delete", "pod", "web", "client")
+
+
+def test_restart_policy_on_failure_restarts_and_keeps_the_previous_log(node):
+    cluster, agent = node
+    cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "flaky"}, "spec": {}})
+    script = """
+import os, sys
+marker = '/data/first-run-done'
+if not os.path.exists(marker):
+    open(marker, 'w').close(); print('first run fails'); sys.exit(3)
+print('second run succeeds')
+"""
+    cluster.create(pod("flaky", script, restart="OnFailure",
+                       volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "flaky"}}],
+                       mounts=[{"name": "data", "mountPath": "/data"}]))
+    status = ended(cluster, "flaky")["status"]
+    assert status["phase"] == "Succeeded"
+    container = status["containerStatuses"][0]
+    assert container["restartCount"] == 1
+    assert container["lastState"]["terminated"]["exitCode"] == 3
+    assert "first run fails" in cluster.kubectl("logs", "flaky", "--previous").stdout
+    assert "second run succeeds" in cluster.kubectl("logs", "flaky").stdout
+    cluster.kubectl("delete", "pod", "flaky")
+
+
+def test_deletion_sends_sigterm_and_kills_after_the_grace_period(node):
+    cluster, agent = node
+    polite = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (print('SIGTERM: leaving', flush=True), sys.exit(0)))\n"
+              "print('up', flush=True)\ntime.sleep(3600)")
+    stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, lambda *a: print('SIGTERM ignored', flush=True))\n"
+                "print('up', flush=True)\ntime.sleep(3600)")
+    cluster.create(pod("polite", polite, grace=30))
+    cluster.create(pod("stubborn", stubborn, grace=2))
+    for name in ("polite", "stubborn"):
+        wait_until(lambda n=name: "up" in cluster.kubectl("logs", n, check=False).stdout, 90, 0.2, f"{name} up")
+
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "polite", "--wait=false")
+    # Terminating, as on a real server, until the kubelet has stopped the containers.
+    assert cluster.get("pods", "polite")["metadata"]["deletionTimestamp"]
+    cluster.wait_for_absent("pods", "polite", timeout=30)
+    polite_seconds = time.monotonic() - started
+
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "stubborn")
+    stubborn_seconds = time.monotonic() - started
+    assert polite_seconds < 25, "a process that exits on SIGTERM must not wait out its 30 s grace period"
+    assert stubborn_seconds >= 2, "SIGKILL must wait for the grace period"
+    names = agent.podman("ps", "-a", "--format", "{{.Names}}").stdout
+    assert "_polite_" not in names and "_stubborn_" not in names
+
+
+def test_a_missing_claim_fails_the_pod_with_the_reason(node):
+    cluster, _ = node
+    cluster.create(pod("orphan", "print(1)", volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "nope"}}],
+                       mounts=[{"name": "d", "mountPath": "/d"}]))
+    status = ended(cluster, "orphan")["status"]
+    assert status["phase"] == "Failed" and status["reason"] == "FailedMount"
+    assert 'persistentvolumeclaim "nope" not found' in status["message"]
+    cluster.kubectl("delete", "pod", "orphan")
