@@ -105,7 +105,8 @@ def test_worker_pod_joins_the_head_with_one_rollout_slot(job_dict):
     assert container["resources"] == {"requests": {"cpu": "1500m"}, "limits": {"memory": "1Gi"}}
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
     (init,) = pod["spec"]["initContainers"]
-    assert init["name"] == "wait-for-head" and "ray health-check" in init["command"][2]
+    assert init["name"] == "wait-for-head" and init["command"][:2] == ["sh", "-c"]
+    assert "socket.create_connection" in init["command"][2] and "KUBERL_RAY_ADDRESS" in init["command"][2]
     assert env_of(init)["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.default.svc:6379"
     assert pod["metadata"]["name"] == "cartpole-ppo-worker-4"
 
@@ -134,7 +135,7 @@ def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
     assert container["command"][:2] == ["sh", "-c"]
     script = container["command"][2]
     assert script.startswith('ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0')
-    assert script.endswith("exec kuberl learner")
+    assert script.endswith("& exec kuberl learner"), "the raylet starts while the learner imports"
     env = env_of(container)
     assert env["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.rl.svc:6379"
     assert env["KUBERL_RUN_DIR"] == "/checkpoints"

@@ -41,16 +41,27 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: Environment every Ray process gets: no usage-stats phone-home (clusters are often offline).
 RAY_ENV = [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}]
 
-# Workers and the learner wait for the head's GCS before starting, instead of failing (and, for the
-# learner, spending a backoffLimit restart) while the head's image is still being pulled.
+# Workers and the learner wait for the head's GCS port before starting, instead of failing (and, for
+# the learner, spending a backoffLimit restart) while the head's image is still being pulled. A socket
+# probe every half second: `ray health-check` costs a second and a half of imports per try.
 _WAIT_FOR_HEAD = (
-    'until ray health-check --address="$KUBERL_RAY_ADDRESS" >/dev/null 2>&1; do '
-    'echo "waiting for the Ray head at $KUBERL_RAY_ADDRESS"; sleep 2; done'
+    "exec python3 -c '"
+    "import os, socket, time\n"
+    "host, port = os.environ[\"KUBERL_RAY_ADDRESS\"].rsplit(\":\", 1)\n"
+    "while True:\n"
+    "    try:\n"
+    "        socket.create_connection((host, int(port)), timeout=2).close()\n"
+    "        break\n"
+    "    except OSError as err:\n"
+    "        print(f\"waiting for the Ray head at {host}:{port} ({err})\", flush=True)\n"
+    "        time.sleep(0.5)\n"
+    "'"
 )
 # A Ray driver needs a raylet on its own host: the learner pod joins the cluster as a node with no
-# CPUs (so no rollout actor lands on it), then runs the learner, which connects through it.
+# CPUs (so no rollout actor lands on it). The raylet starts in the background while the learner
+# imports torch and builds its networks; the learner's ray.init waits for the local node to register.
 _LEARNER_SCRIPT = (
-    'ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats && exec kuberl learner'
+    'ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats & exec kuberl learner'
 )
 
 
