@@ -47,8 +47,9 @@ HOLD_SECONDS = 900.0  # DQN hold runs must reach 300k steps; this only ends a ru
 CURVE_EVERY = 25_000
 
 # name -> (python, argv builder, hold?)
-VENV_SB3 = BENCH / ".venvs" / "sb3" / "bin" / "python"
-VENV_RLLIB = BENCH / ".venvs" / "rllib" / "bin" / "python"
+VENVS = Path(os.environ.get("KUBERL_BENCH_VENVS", BENCH / ".venvs"))  # where peers/make_venvs.sh put them
+VENV_SB3 = VENVS / "sb3" / "bin" / "python"
+VENV_RLLIB = VENVS / "rllib" / "bin" / "python"
 PROJECT_PY = REPO / ".venv" / "bin" / "python"
 
 
@@ -62,6 +63,8 @@ def contenders(budget_steps: int, budget_seconds: float, hold_seconds: float, sm
     rllib = [str(VENV_RLLIB), str(PEERS / "rllib_cartpole.py")]
     sb3_ppo_budget = ["--budget-steps", str(min(budget_steps, 100_000)), "--budget-seconds", str(budget_seconds)]
     return {
+        # What a user runs: the whole `kuberl train examples/cartpole-ppo.yaml` command (2 workers).
+        "kuberl-cli": {"cmd": me + ["kuberl-cli"], "algo": "PPO", "workers": 2},
         "kuberl-ppo-k1": {"cmd": me + ["kuberl-ppo", "--workers", "1", *ppo], "algo": "PPO", "workers": 1},
         "kuberl-ppo-k2": {"cmd": me + ["kuberl-ppo", "--workers", "2", *ppo], "algo": "PPO", "workers": 2},
         "sb3-ppo": {"cmd": sb3 + ["--algo", "ppo", *sb3_ppo_budget], "algo": "PPO", "workers": None},
@@ -141,6 +144,35 @@ def run_kuberl(algo: str, workers: int, seed: int, budget_steps: int, budget_sec
     }
 
 
+def run_cli(seed: int, workers: int | None) -> dict[str, Any]:
+    """`kuberl train examples/cartpole-ppo.yaml` as a user runs it, timed from its process start to its
+    exit. Solved = it stopped on the example's target (mean of the last 100 episodes >= 475) and its
+    own 100-episode deterministic evaluation is >= 475; the training clock is its `wall_clock`."""
+    kuberl = PROJECT_PY.with_name("kuberl")
+    with tempfile.TemporaryDirectory(prefix="kuberl-cli-") as run_dir:
+        cmd = [str(kuberl), "train", str(REPO / "examples" / "cartpole-ppo.yaml"), "--run-dir", run_dir,
+               "--no-progress", "--metrics-port", "0", "--seed", str(seed)]
+        if workers:
+            cmd += ["--workers", str(workers)]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"kuberl train failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    ev = (summary.get("evaluation") or {}).get("deterministic") or {}
+    solved = summary["stopped_by"] == "target_return" and (ev.get("mean_return") or 0) >= 475
+    return {
+        "contender": "kuberl-cli", "seed": seed, "workers": workers or 2, "command": " ".join(["kuberl train examples/cartpole-ppo.yaml", *cmd[9:]]),
+        "solved": solved, "time_to_solve_seconds": round(summary["wall_clock"], 3) if solved else None,
+        "env_steps_to_solve": summary["env_steps"] if solved else None, "stop_reason": summary["stopped_by"],
+        "env_steps_total": summary["env_steps"], "train_seconds_total": round(summary["wall_clock"], 3),
+        "eval_mean_return": ev.get("mean_return"), "ray_start_seconds": round(summary["ray_start_seconds"], 3),
+        "command_wall_seconds": round(wall, 3), "time_split": summary.get("time_split"),
+        "learner_wait_seconds": round(summary["learner_wait"], 3),
+    }
+
+
 # ---- the driver -------------------------------------------------------------------------------------
 
 
@@ -188,7 +220,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "env_steps_to_solve": _stats([r["env_steps_to_solve"] for r in solved]),
         "steps_per_second_training": _stats([r["env_steps_total"] / r["train_seconds_total"]
                                              for r in ok if r.get("train_seconds_total")]),
+        # process start to exit: the command itself for kuberl-cli, else the contender's whole process
+        "whole_process_seconds": _stats([r.get("command_wall_seconds", r["process_wall_seconds"]) for r in ok]),
     }
+    splits = [r["time_split"] for r in ok if r.get("time_split")]
+    if splits:
+        out["time_split_median"] = {k: round(statistics.median(s[k] for s in splits), 3)
+                                    for k in ("total", "startup", "collection", "learning", "evaluation",
+                                              "report", "shutdown")}
     if any("ray_start_seconds" in r for r in ok):
         out["ray_start_seconds"] = _stats([r["ray_start_seconds"] for r in ok if "ray_start_seconds" in r])
     if any("build_seconds" in r for r in ok):
@@ -216,6 +255,7 @@ def ratios(summary: dict[str, dict[str, Any]], runs_by: dict[str, list[dict[str,
 
     out = {}
     pairs = {
+        "sb3_ppo_over_kuberl_cli": ("sb3-ppo", "kuberl-cli", 3.0),
         "sb3_ppo_over_kuberl_ppo_k1": ("sb3-ppo", "kuberl-ppo-k1", 3.0),
         "sb3_ppo_over_kuberl_ppo_k2": ("sb3-ppo", "kuberl-ppo-k2", 3.0),
         "rllib_ppo_1_over_kuberl_ppo_k1": ("rllib-ppo-1", "kuberl-ppo-k1", 10.0),
@@ -235,13 +275,26 @@ def ratios(summary: dict[str, dict[str, Any]], runs_by: dict[str, list[dict[str,
         if a_open:
             out[key]["note"] = f"{peer} did not solve every run: its median counts unsolved runs at their " \
                                "full training time, so the ratio is a lower bound"
+
+    def whole(name: str) -> float | None:
+        runs = [r for r in runs_by.get(name, []) if "error" not in r]
+        values = [r.get("command_wall_seconds", r["process_wall_seconds"]) for r in runs]
+        return statistics.median(values) if values else None
+
+    for peer in ("sb3-ppo", "rllib-ppo-2"):
+        a, b = whole(peer), whole("kuberl-cli")
+        if a is not None and b:
+            key = f"whole_process_{peer.replace('-', '_')}_over_kuberl_cli"
+            out[key] = {"ratio": round(a / b, 2), "target": 3.0 if peer == "sb3-ppo" else None,
+                        "met": a / b >= 3.0 if peer == "sb3-ppo" else None}
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--one", choices=["kuberl-ppo", "kuberl-dqn"], help="one KubeRL run in this process")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--one", choices=["kuberl-ppo", "kuberl-dqn", "kuberl-cli"],
+                   help="one KubeRL run in this process (kuberl-cli: the `kuberl train` command, timed)")
+    p.add_argument("--workers", type=int, default=None)
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="with --one: override a field of the example job's spec, e.g. algorithm.dqn.tau=0.001")
     p.add_argument("--seed", type=int, default=0)
@@ -267,8 +320,11 @@ def main() -> None:
         print(json.dumps({"summary": result["summary"], "ratios": result["ratios_time_to_solve"]}, indent=1))
         return
 
+    if args.one == "kuberl-cli":
+        emit(run_cli(args.seed, args.workers))
+        return
     if args.one:
-        res = run_kuberl(args.one.split("-")[1], args.workers, args.seed, args.budget_steps, args.budget_seconds,
+        res = run_kuberl(args.one.split("-")[1], args.workers or 1, args.seed, args.budget_steps, args.budget_seconds,
                          args.hold, args.curve_every, args.recheck_steps, args.set or [])
         emit(res)
         return
@@ -313,7 +369,10 @@ def main() -> None:
                      "budget": {"env_steps": args.budget_steps, "train_seconds": args.budget_seconds,
                                 "sb3_ppo_env_steps": min(args.budget_steps, 100_000),
                                 "dqn_hold": {"env_steps": args.budget_steps, "eval_every": CURVE_EVERY}},
-                     "learner_torch_threads": 1},
+                     "learner_torch_threads": 1,
+                     "whole_process": "process start to exit of each contender's own process; for kuberl-cli "
+                                      "the `kuberl train examples/cartpole-ppo.yaml` command (its evaluation, "
+                                      "checkpoint and report written), timed by its wrapper"},
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "loadavg_before_last_invocation": load_before,
                     "loadavg_after_last_invocation": [round(x, 2) for x in os.getloadavg()],

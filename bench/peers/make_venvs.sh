@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Creates the peers' virtualenvs for bench/bench_cartpole.py, outside the project's dependencies:
-#   bench/.venvs/sb3    torch==2.13.0 (CPU wheel), then stable-baselines3==2.9.2 + gymnasium
-#   bench/.venvs/rllib  torch==2.13.0 (CPU wheel), then ray[rllib]==2.60.0 + gymnasium
+# Creates the peers' virtualenvs for bench/bench_cartpole.py, outside the project's dependencies,
+# under $KUBERL_BENCH_VENVS (default bench/.venvs, gitignored; /work/bench-venvs on the bench machine):
+#   sb3    torch==2.13.0 (CPU wheel), then stable-baselines3==2.9.2 + gymnasium
+#   rllib  torch==2.13.0 (CPU wheel), then ray[rllib]==2.60.0 + gymnasium
 # torch is installed first and pinned so the peer's own `torch` requirement is already met and pip
 # never pulls a multi-GB CUDA build. Re-running is cheap: an existing venv is only topped up.
 #   bash bench/peers/make_venvs.sh [sb3|rllib]...     (default: both)
@@ -14,7 +15,7 @@ targets=("$@")
 
 make_venv() {  # name, peer requirements...
   local name=$1; shift
-  local venv=bench/.venvs/$name
+  local venv=${KUBERL_BENCH_VENVS:-bench/.venvs}/$name
   [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "$TORCH"

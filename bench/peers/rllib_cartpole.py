@@ -1,4 +1,4 @@
-"""RLlib PPO on CartPole-v1 with the settings of RLlib's own tuned example, timed by the shared
+"""RLlib PPO on CartPole-v1 with the settings of RLlib's own CartPole PPO example, timed by the shared
 protocol (peers/protocol.py). Runs in bench/.venvs/rllib (peers/make_venvs.sh).
 
     bench/.venvs/rllib/bin/python bench/peers/rllib_cartpole.py --env-runners 1 --seed 0
@@ -32,23 +32,21 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_LIFETIME,
 )
 
-# ray-project/ray, rllib/tuned_examples/ppo/cartpole_ppo.py as of ray 2.60 (the version whose script
-# imports add_rllib_example_script_args from ray.rllib.examples.utils, as the 2.60 wheel does):
-#   .env_runners(num_env_runners=args.num_env_runners [default 4], num_envs_per_env_runner=16,
-#                rollout_fragment_length=32)
-#   .learners(num_learners=args.num_learners [default 1])
-#   .training(train_batch_size=2048, minibatch_size=128, lr=0.0003, num_epochs=5, vf_loss_coeff=1.5,
-#             entropy_coeff=0, gamma=0.99, lambda_=0.95, clip_param=0.3, vf_clip_param=10_000)
-#   .rl_module(model_config=DefaultModelConfig(vf_share_layers=True, fcnet_hiddens=[32],
-#                                              fcnet_activation="linear"))
-# Here only the number of env runners is ours (1 or 2, KubeRL's worker counts). The learner is
-# local (num_learners=0) by default: a remote learner actor needs a CPU of its own, which a 2-core
-# machine running 2 env runners does not have (--learners 1 gives the example's remote learner).
-EXAMPLE = {"num_envs_per_env_runner": 16, "rollout_fragment_length": 32, "train_batch_size": 2048,
-           "minibatch_size": 128, "lr": 0.0003, "num_epochs": 5, "vf_loss_coeff": 1.5, "entropy_coeff": 0.0,
-           "gamma": 0.99, "lambda_": 0.95, "clip_param": 0.3, "vf_clip_param": 10_000,
+# ray-project/ray, rllib/examples/algorithms/ppo/cartpole_ppo.py at commit 4d5432002e1d (the version
+# the RLlib 2.60 wheel's example-script helpers match), all of its settings:
+#   PPOConfig().environment("CartPole-v1")
+#     .training(lr=0.0003, num_epochs=6, vf_loss_coeff=0.01)
+#     .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear",
+#                                                vf_share_layers=True))
+# and every other setting RLlib's default (train_batch_size 4000, minibatch_size 128, lambda 1.0,
+# clip_param 0.3, 1 env per env runner, ...). A later revision of that file (commit 438af5cd942b)
+# adds script defaults of 4 env runners x 16 envs and 1 remote learner; the training settings are
+# the same. Here only the number of env runners is ours (1 or 2, KubeRL's worker counts) and the
+# learner is local (num_learners=0: a remote learner actor needs a CPU of its own, which a 2-core
+# machine running 2 env runners does not have; --learners 1 gives a remote one).
+EXAMPLE = {"lr": 0.0003, "num_epochs": 6, "vf_loss_coeff": 0.01,
            "fcnet_hiddens": [32], "fcnet_activation": "linear", "vf_share_layers": True}
-
+EXAMPLE_SOURCE = "ray-project/ray rllib/examples/algorithms/ppo/cartpole_ppo.py @ 4d5432002e1d"
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -73,13 +71,9 @@ def main() -> None:
     config = (
         PPOConfig()
         .environment("CartPole-v1")
-        .env_runners(num_env_runners=args.env_runners, num_envs_per_env_runner=ex["num_envs_per_env_runner"],
-                     rollout_fragment_length=ex["rollout_fragment_length"])
+        .env_runners(num_env_runners=args.env_runners)
         .learners(num_learners=args.learners)
-        .training(train_batch_size=ex["train_batch_size"], minibatch_size=ex["minibatch_size"], lr=ex["lr"],
-                  num_epochs=ex["num_epochs"], vf_loss_coeff=ex["vf_loss_coeff"], entropy_coeff=ex["entropy_coeff"],
-                  gamma=ex["gamma"], lambda_=ex["lambda_"], clip_param=ex["clip_param"],
-                  vf_clip_param=ex["vf_clip_param"])
+        .training(lr=ex["lr"], num_epochs=ex["num_epochs"], vf_loss_coeff=ex["vf_loss_coeff"])
         .rl_module(model_config=DefaultModelConfig(vf_share_layers=ex["vf_share_layers"],
                                                    fcnet_hiddens=ex["fcnet_hiddens"],
                                                    fcnet_activation=ex["fcnet_activation"]))
@@ -118,7 +112,10 @@ def main() -> None:
     emit({"contender": f"rllib-ppo-{args.env_runners}", "seed": args.seed, "workers": args.env_runners,
           "learners": args.learners, "ray_start_seconds": round(ray_start, 3),
           "build_seconds": round(build_seconds, 3), "iterations": iterations,
-          "torch_threads": torch.get_num_threads(), "hyperparameters": ex, **record})
+          "torch_threads": torch.get_num_threads(), "hyperparameters": ex,
+          "hyperparameters_source": EXAMPLE_SOURCE, "train_batch_size": config.train_batch_size,
+          "minibatch_size": config.minibatch_size, "lambda": config.lambda_,
+          "num_envs_per_env_runner": config.num_envs_per_env_runner, **record})
 
 
 if __name__ == "__main__":

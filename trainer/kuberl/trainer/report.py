@@ -7,6 +7,7 @@ import csv
 import json
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,51 @@ from typing import Any
 import yaml
 
 log = logging.getLogger("kuberl.trainer")
+
+
+PHASES = ("startup", "collection", "learning", "evaluation", "report", "shutdown")
+
+
+class Timeline:
+    """Where a run's wall clock goes, phase by phase, from process start (or `train()`'s) to the end.
+
+    Phases follow each other: `mark(phase)` books the time since the previous mark to `phase`, so
+    they sum to the total. start-up = imports, Ray, the learner's networks and the rollout actors;
+    the training loop splits into collection (the learner waiting for batches) and learning (the
+    rest of the loop: updates, accounting, checkpoints); then evaluation, report (final checkpoint
+    and files) and shutdown.
+    """
+
+    def __init__(self, origin: float | None = None):
+        now = time.perf_counter()
+        self.origin = now if origin is None else origin
+        self.last = self.origin
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.detail: dict[str, float] = {"before_train": now - self.origin}
+
+    def mark(self, phase: str, **detail: float) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+        self.detail.update(detail)
+
+    def mark_split(self, first: str, first_seconds: float, second: str) -> None:
+        """Book the time since the last mark to `first` (`first_seconds` of it) and `second` (the rest)."""
+        now = time.perf_counter()
+        span = now - self.last
+        part = min(max(first_seconds, 0.0), span)
+        self.seconds[first] = self.seconds.get(first, 0.0) + part
+        self.seconds[second] = self.seconds.get(second, 0.0) + span - part
+        self.last = now
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": round(self.last - self.origin, 3),
+                **{name: round(sec, 3) for name, sec in self.seconds.items()},
+                "startup_detail": {name: round(sec, 3) for name, sec in self.detail.items()}}
+
+    def line(self) -> str:
+        parts = "  ".join(f"{name} {sec:.1f}" for name, sec in self.seconds.items())
+        return f"{self.last - self.origin:.1f} s: {parts}"
 
 
 class RunReport:
@@ -27,6 +73,8 @@ class RunReport:
         self._task = None
         self._last_log = 0.0
         self._last_row: dict[str, Any] = {}
+        self._drawing: threading.Thread | None = None
+        self._summary: dict[str, Any] | None = None
 
     def open(self, resumed: bool) -> None:
         (self.run_dir / "job.yaml").write_text(
@@ -77,8 +125,9 @@ class RunReport:
     def checkpoint(self, path: Path) -> None:
         log.debug("checkpoint %s", path)
 
-    def finish(self, counters: dict[str, Any], mean_return: float | None, evaluation: dict[str, Any],
-               reason: str, ray_seconds: float) -> None:
+    def training_done(self) -> None:
+        """Training is over: close the metrics file and draw the learning curve in the background
+        (matplotlib takes about a second to import) while the workers evaluate."""
         if self._progress is not None:
             self._progress.update(self._task, completed=100.0)
             self._progress.stop()
@@ -86,14 +135,37 @@ class RunReport:
         if self._file:
             self._file.close()
             self._file = None
-        summary = {"job": self.job.metadata.name, "stopped_by": reason, "mean_return": mean_return,
-                   "ray_start_seconds": ray_seconds, **counters, "evaluation": evaluation}
-        (self.run_dir / "evaluation.json").write_text(json.dumps(evaluation, indent=2) + "\n")
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self._drawing is None:
+            self._drawing = threading.Thread(target=self._write_curves, name="learning-curve", daemon=True)
+            self._drawing.start()
+
+    def _write_curves(self) -> None:
         rows = self._rows()
         self._write_csv(rows)
         self._plot(rows)
-        self._print_summary(summary)
+
+    def finish(self, counters: dict[str, Any], mean_return: float | None, evaluation: dict[str, Any],
+               reason: str, ray_seconds: float, timeline: Timeline | None = None) -> None:
+        """Write evaluation.json, summary.json, metrics.csv and learning_curve.png; `final` prints the table."""
+        self.training_done()
+        self._drawing.join()
+        summary = {"job": self.job.metadata.name, "stopped_by": reason, "mean_return": mean_return,
+                   "ray_start_seconds": ray_seconds, **counters, "evaluation": evaluation}
+        if timeline is not None:
+            summary["time_split"] = timeline.as_dict()
+        (self.run_dir / "evaluation.json").write_text(json.dumps(evaluation, indent=2) + "\n")
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self._summary = summary
+        if timeline is None:
+            self._print_summary(summary)
+
+    def final(self, timeline: Timeline) -> None:
+        """After shutdown: summary.json gets the whole time split, and the summary table is printed."""
+        if self._summary is None:
+            return
+        self._summary["time_split"] = timeline.as_dict()
+        (self.run_dir / "summary.json").write_text(json.dumps(self._summary, indent=2) + "\n")
+        self._print_summary(self._summary)
 
     def _rows(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
@@ -148,6 +220,7 @@ class RunReport:
             ("mean training return", "-" if summary["mean_return"] is None else f"{summary['mean_return']:.2f}"),
             ("evaluation", "-" if not ev else f"{ev['mean_return']:.2f} ± {ev['std_return']:.2f} over {ev['episodes']} episodes"),
             ("worker restarts", str(summary["worker_restarts"])),
+            *_time_rows(summary.get("time_split")),
             ("run directory", str(self.run_dir)),
         ]
         for name, res in summary.get("evaluation", {}).items():
@@ -158,9 +231,26 @@ class RunReport:
         Console(file=sys.stdout).print(table)
 
     def close(self) -> None:
+        if self._drawing is not None:
+            self._drawing.join()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
         if self._file:
             self._file.close()
             self._file = None
+
+
+def _time_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not split:
+        return []
+    detail = split.get("startup_detail", {})
+    startup = f"{split['startup']:.1f} s (Ray {detail.get('ray', 0.0):.1f} s" \
+              f" alongside torch + networks {detail.get('learner_build', 0.0):.1f} s, then actors)"
+    return [
+        ("whole run", f"{split['total']:.1f} s from process start"),
+        ("  start-up", startup),
+        ("  collection / learning", f"{split['collection']:.1f} s / {split['learning']:.1f} s"),
+        ("  evaluation / report", f"{split['evaluation']:.1f} s / {split['report']:.1f} s"),
+        ("  shutdown", f"{split['shutdown']:.1f} s"),
+    ]

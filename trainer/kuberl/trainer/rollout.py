@@ -28,11 +28,24 @@ def make_env(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None 
     return env
 
 
-def make_vector_env(env_id: str, kwargs: dict[str, Any], num_envs: int, max_episode_steps: int | None = None):
+def make_vector_env(env_id: str, kwargs: dict[str, Any], num_envs: int, max_episode_steps: int | None = None,
+                    batched: bool = True):
+    """`num_envs` copies stepped together: a numpy-batched implementation where KubeRL has one
+    (`envs/batched.py`; same episodes as the per-env reference), else gymnasium's SyncVectorEnv."""
+    if batched:
+        from kuberl.trainer.envs.batched import make_batched
+
+        env = make_batched(env_id, kwargs, num_envs, max_episode_steps)
+        if env is not None:
+            return env
     return gym.vector.SyncVectorEnv(
         [lambda: make_env(env_id, kwargs, max_episode_steps) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
+
+
+#: Evaluation episodes stepped side by side in one vector env.
+EVAL_CHUNK = 256
 
 
 def _masks(info: dict, n_envs: int, n_actions: int) -> np.ndarray | None:
@@ -217,7 +230,49 @@ class RolloutWorker:
     # ---- evaluation ----------------------------------------------------------------------------
 
     def evaluate(self, params, version: int, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Deterministic (greedy) episodes, one per seed, on a separate env copy (kwargs overridable)."""
+        """Deterministic (greedy) episodes, one per seed, on separate env copies (kwargs overridable).
+
+        The episodes run side by side in a vector env (one env per seed, `EVAL_CHUNK` at a time, one
+        batched forward pass per step); each env is reset with its own seed, so an episode is the one
+        a lone env reset with that seed plays (`evaluate_sequential`, the reference tests compare with).
+        """
+        if params is not None:
+            self.set_weights(params, version)
+        kwargs = {**self.env_kwargs, **(env_kwargs or {})}
+        returns: list[float] = []
+        lengths: list[int] = []
+        for start in range(0, len(seeds), EVAL_CHUNK):
+            chunk = [int(s) for s in seeds[start:start + EVAL_CHUNK]]
+            env = make_vector_env(self.env_id, kwargs, len(chunk), self.max_episode_steps)
+            try:
+                r, n = self._evaluate_vector(env, chunk)
+            finally:
+                env.close()
+            returns += r
+            lengths += n
+        return {"returns": returns, "lengths": lengths}
+
+    def _evaluate_vector(self, env, seeds: list[int]) -> tuple[list[float], list[int]]:
+        n = len(seeds)
+        n_act = self.info.action_dims[0] if self.info.action_kind == "Discrete" else 0
+        raw, info = env.reset(seed=seeds)
+        total = np.zeros(n)
+        steps = np.zeros(n, np.int64)
+        running = np.ones(n, bool)
+        while running.any():
+            obs = flatten_obs(self.single_obs_space, raw, n)
+            mask = _masks(info, n, n_act) if n_act else None
+            actions = self.greedy(obs, mask)
+            raw, reward, terminated, truncated, info = env.step(self._env_actions(np.asarray(actions)))
+            # Envs whose episode is over autoreset and play on; only each seed's first episode counts.
+            total += np.where(running, np.asarray(reward, np.float64), 0.0)
+            steps += running
+            running &= ~(np.asarray(terminated) | np.asarray(truncated))
+        return [float(x) for x in total], [int(x) for x in steps]
+
+    def evaluate_sequential(self, params, version: int, seeds: list[int],
+                            env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The reference for `evaluate`: one env, one seed after another, one step at a time."""
         if params is not None:
             self.set_weights(params, version)
         env = make_env(self.env_id, {**self.env_kwargs, **(env_kwargs or {})}, self.max_episode_steps)

@@ -17,16 +17,13 @@ from typing import Any, Callable
 
 import numpy as np
 import ray
-import torch
 
 from kuberl.api.job import CollectionMode, Device, RLTrainingJob
-from kuberl.trainer import checkpoint as ckpt
-from kuberl.trainer.algorithms import algorithm_for
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
-from kuberl.trainer.report import RunReport
-from kuberl.trainer.rollout import make_env
-from kuberl.trainer.spaces import space_info
-from kuberl.trainer.workers import WorkerSet, start_ray
+from kuberl.trainer.report import RunReport, Timeline
+from kuberl.trainer.workers import WorkerSet, signal_local_ray_to_stop, start_ray
+
+# torch (about 1 s to import) is imported by `_build_learner`, in a thread that runs while Ray starts.
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -43,6 +40,8 @@ class TrainOptions:
     seed: int | None = None
     device: str | None = None
     shutdown_ray: bool = True
+    started_at: float | None = None  # time.perf_counter() at process start (the CLI gives it); else train()'s start
+    exit_after: bool = False  # the caller ends the process right after: stop an embedded Ray without waiting
     on_iteration: Callable[[dict[str, Any], Any], None] | None = None  # (row, loop): tests and benchmarks observe
 
 
@@ -75,9 +74,12 @@ class TrainResult:
     ray_start_seconds: float = 0.0
     metrics_port: int | None = None
     solved_at_seconds: float | None = None
+    time_split: dict[str, Any] = field(default_factory=dict)  # seconds per phase, summing to the wall clock
 
 
-def pick_device(requested: str) -> torch.device:
+def pick_device(requested: str):
+    import torch
+
     if requested == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("spec.learner.device is cuda but torch sees no CUDA device")
     if requested in ("auto", "cuda") and torch.cuda.is_available():
@@ -105,6 +107,7 @@ class _RateWindow:
 
 def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResult:
     options = options or TrainOptions()
+    timeline = Timeline(options.started_at)
     spec = job.spec
     if options.max_env_steps is not None:
         spec.stopping.max_env_steps = options.max_env_steps
@@ -117,31 +120,135 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     run_dir = Path(options.run_dir or Path("runs") / job.metadata.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    device = pick_device(spec.learner.device.value)
     cluster = bool(options.ray_address)
     replicas = spec.rollout_workers.replicas
+    ckpt_dir = run_dir / "checkpoints"
+
+    # Ray starts here, in this thread (its processes die with the thread that starts them), while a
+    # second thread imports torch, checks the environment, builds the networks and loads a checkpoint.
+    builder = _Background(_build_learner, spec, cluster, replicas, ckpt_dir if options.resume else None)
+    report = RunReport(run_dir, job, progress=options.progress)
+    labels = JobLabels(job.metadata.name, job.metadata.namespace, spec.algorithm.name.value, spec.environment.id)
+    metrics = LearnerMetrics(labels)
+    metrics_port = None
+    if spec.metrics.enabled:
+        port = spec.metrics.port if options.metrics_port is None else options.metrics_port
+        try:
+            metrics_port = metrics.serve(port, addr="0.0.0.0" if cluster else "127.0.0.1")
+        except OSError as err:
+            builder.result()
+            raise RuntimeError(f"cannot serve metrics on port {port} ({err.strerror}): set spec.metrics.port, "
+                               "pass --metrics-port 0 for a free port, or spec.metrics.enabled: false") from None
+        log.info("metrics on http://%s:%d/metrics", "0.0.0.0" if cluster else "127.0.0.1", metrics_port)
+
+    stop_signal = {"set": False}
+
+    def _on_term(signum, frame):  # a pod being deleted: checkpoint and leave cleanly
+        stop_signal["set"] = True
+
+    previous_term = signal.signal(signal.SIGTERM, _on_term) if _main_thread() else None
+    workers = None
+    try:
+        try:
+            ray_seconds = start_ray(options.ray_address, replicas)
+        finally:
+            learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
+        log.info("ray %s in %.2fs", "joined" if cluster else "started", ray_seconds)
+        algo, counters, recent_returns = learner.algo, learner.counters, learner.recent_returns
+        report.open(resumed=counters.iterations > 0)
+        # Counters continue across restarts: start them at the checkpoint's values.
+        metrics.inc("kuberl_episodes_total", counters.episodes)
+        metrics.inc("kuberl_env_steps_total", counters.env_steps)
+        metrics.inc("kuberl_gradient_updates_total", counters.gradient_updates)
+        metrics.inc("kuberl_iterations_total", counters.iterations)
+        metrics.inc("kuberl_rollout_worker_restarts_total", counters.worker_restarts)
+        metrics.inc("kuberl_checkpoints_total", counters.checkpoints)
+        metrics.inc("kuberl_learner_wait_seconds_total", counters.learner_wait)
+        metrics.inc("kuberl_worker_weight_wait_seconds_total", counters.worker_wait)
+        metrics.set("kuberl_rollout_workers_desired", replicas)
+
+        env_spec = spec.environment
+        worker_args = {
+            "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
+            "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
+        }
+        workers = WorkerSet(worker_args, None if cluster else replicas, cluster, spec.seed + 17 * counters.iterations,
+                            expected=replicas)
+        loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
+        workers.reconcile(wait_for_all=60.0)
+        timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
+        wait_before = counters.learner_wait
+        reason = loop.run()
+        collected = counters.learner_wait - wait_before
+        timeline.mark_split("collection", collected, "learning")
+        report.training_done()  # the learning curve is drawn in the background while the workers evaluate
+        evaluation = loop.evaluate() if spec.evaluation.enabled else {}
+        timeline.mark("evaluation")
+        loop.checkpoint(force=True)
+        metrics.set("kuberl_job_finished", 1)
+        mean_return = float(np.mean(recent_returns)) if recent_returns else None
+        report.finish(counters.as_dict(), mean_return, evaluation, reason, ray_seconds, timeline)
+        metrics.write_termination_message()
+        timeline.mark("report")
+        result = TrainResult(True, reason, counters, mean_return, evaluation, run_dir, ray_seconds,
+                             metrics_port, loop.solved_at)
+    finally:
+        report.close()
+        if workers is not None:
+            workers.shutdown()
+        if options.exit_after and not cluster and signal_local_ray_to_stop():
+            pass  # the process exits next; the metrics server's thread goes with it
+        else:
+            metrics.close()
+            if options.shutdown_ray:
+                ray.shutdown()
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+    timeline.mark("shutdown")
+    report.final(timeline)  # summary.json gets the shutdown too; then the summary table
+    result.time_split = timeline.as_dict()
+    return result
+
+
+@dataclass
+class _Learner:
+    algo: Any
+    counters: Counters
+    recent_returns: collections.deque
+    seconds: float
+    import_seconds: float
+
+
+def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) -> _Learner:
+    """Everything the learner needs before it can train, none of which needs Ray: torch, the
+    environment's spaces, the algorithm and its networks, the checkpoint to continue from."""
+    t0 = time.perf_counter()
+    import torch
+
+    from kuberl.trainer import checkpoint as ckpt
+    from kuberl.trainer.algorithms import algorithm_for
+    from kuberl.trainer.rollout import make_env
+    from kuberl.trainer.spaces import space_info
+
+    import_seconds = time.perf_counter() - t0
+    device = pick_device(spec.learner.device.value)
     if spec.learner.threads:
         torch.set_num_threads(spec.learner.threads)
     elif device.type == "cpu" and not cluster:
         # Rollout workers share this machine's cores; a learner that grabs them all slows everyone.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - replicas))
     torch.manual_seed(spec.seed)
-
     env_spec = spec.environment
     probe = make_env(env_spec.id, env_spec.kwargs, env_spec.max_episode_steps)
     info = space_info(probe.observation_space, probe.action_space)
     probe.close()
     algo = algorithm_for(spec, info, device, spec.seed, spec.stopping.max_env_steps)
-
     counters = Counters()
     recent_returns: collections.deque[float] = collections.deque(maxlen=spec.stopping.return_window)
-    report = RunReport(run_dir, job, progress=options.progress)
-    ckpt_dir = run_dir / "checkpoints"
-    if options.resume:
-        loaded = ckpt.load_latest(ckpt_dir, map_location=device)
+    if resume_dir is not None:
+        loaded = ckpt.load_latest(resume_dir, map_location=device)
         if loaded is None:
-            log.info("no loadable checkpoint in %s; starting fresh", ckpt_dir)
+            log.info("no loadable checkpoint in %s; starting fresh", resume_dir)
         else:
             path, state = loaded
             algo.load_state_dict(state["algorithm"])
@@ -150,68 +257,32 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
             torch.set_rng_state(state["torch_rng"])
             log.info("resumed from %s: iteration %d, %d env steps, %d episodes",
                      path.name, counters.iterations, counters.env_steps, counters.episodes)
-    report.open(resumed=counters.iterations > 0)
+    return _Learner(algo, counters, recent_returns, time.perf_counter() - t0, import_seconds)
 
-    labels = JobLabels(job.metadata.name, job.metadata.namespace, spec.algorithm.name.value, env_spec.id)
-    metrics = LearnerMetrics(labels)
-    metrics_port = None
-    if spec.metrics.enabled:
-        port = spec.metrics.port if options.metrics_port is None else options.metrics_port
-        try:
-            metrics_port = metrics.serve(port, addr="0.0.0.0" if cluster else "127.0.0.1")
-        except OSError as err:
-            raise RuntimeError(f"cannot serve metrics on port {port} ({err.strerror}): set spec.metrics.port, "
-                               "pass --metrics-port 0 for a free port, or spec.metrics.enabled: false") from None
-        log.info("metrics on http://%s:%d/metrics", "0.0.0.0" if cluster else "127.0.0.1", metrics_port)
-    # Counters continue across restarts: start them at the checkpoint's values.
-    metrics.inc("kuberl_episodes_total", counters.episodes)
-    metrics.inc("kuberl_env_steps_total", counters.env_steps)
-    metrics.inc("kuberl_gradient_updates_total", counters.gradient_updates)
-    metrics.inc("kuberl_iterations_total", counters.iterations)
-    metrics.inc("kuberl_rollout_worker_restarts_total", counters.worker_restarts)
-    metrics.inc("kuberl_checkpoints_total", counters.checkpoints)
-    metrics.inc("kuberl_learner_wait_seconds_total", counters.learner_wait)
-    metrics.inc("kuberl_worker_weight_wait_seconds_total", counters.worker_wait)
-    metrics.set("kuberl_rollout_workers_desired", replicas)
 
-    stop_signal = {"set": False}
+class _Background:
+    """`fn(*args)` in a thread; `result()` waits and returns it, or raises what it raised."""
 
-    def _on_term(signum, frame):  # a pod being deleted: checkpoint and leave cleanly
-        stop_signal["set"] = True
+    def __init__(self, fn: Callable[..., Any], *args: Any):
+        import threading
 
-    previous_term = signal.signal(signal.SIGTERM, _on_term) if _main_thread() else None
+        self._value: Any = None
+        self._error: BaseException | None = None
 
-    ray_seconds = start_ray(options.ray_address, replicas)
-    log.info("ray %s in %.2fs", "joined" if cluster else "started", ray_seconds)
-    worker_args = {
-        "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
-        "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
-    }
-    workers = WorkerSet(worker_args, None if cluster else replicas, cluster, spec.seed + 17 * counters.iterations,
-                        expected=replicas)
-    loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
-    try:
-        workers.reconcile(wait_for_all=60.0)
-        log.info("%d/%d rollout workers ready", len(workers.ready()), replicas)
-        reason = loop.run()
-        evaluation = loop.evaluate() if spec.evaluation.enabled else {}
-        loop.checkpoint(force=True)
-        metrics.set("kuberl_job_finished", 1)
-        mean_return = float(np.mean(recent_returns)) if recent_returns else None
-        report.finish(counters.as_dict(), mean_return, evaluation, reason, ray_seconds)
-        metrics.write_termination_message()
-        return TrainResult(True, reason, counters, mean_return, evaluation, run_dir, ray_seconds,
-                           metrics_port, loop.solved_at)
-    finally:
-        report.close()
-        workers.shutdown()
-        metrics.close()
-        if options.shutdown_ray and not cluster:
-            ray.shutdown()
-        elif options.shutdown_ray and cluster:
-            ray.shutdown()
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        def run() -> None:
+            try:
+                self._value = fn(*args)
+            except BaseException as err:  # handed to the caller by result()
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name=fn.__name__, daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _main_thread() -> bool:
@@ -408,6 +479,10 @@ class _Loop:
     # ---- checkpoints -----------------------------------------------------------------------------
 
     def checkpoint(self, force: bool = False) -> None:
+        import torch
+
+        from kuberl.trainer import checkpoint as ckpt
+
         cfg = self.spec.checkpointing
         if not cfg.enabled:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -31,13 +32,14 @@ def start_ray(address: str | None, local_slots: int) -> float:
         return 0.0
     # User environments given as module:Class must import in the workers too.
     paths = [os.getcwd(), *[p for p in sys.path if p]]
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
+    pythonpath = os.pathsep.join(dict.fromkeys(paths))
     if address:
         # A learner pod may start before its head answers: keep trying for a while, then fail clearly.
         deadline = time.monotonic() + float(os.environ.get("KUBERL_RAY_CONNECT_TIMEOUT", "180"))
         while True:
             try:
-                ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING,
+                ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                         logging_level=logging.WARNING,
                          log_to_driver=True)
                 break
             except (ConnectionError, RuntimeError) as err:
@@ -46,17 +48,62 @@ def start_ray(address: str | None, local_slots: int) -> float:
                 log.info("Ray head at %s not reachable yet; retrying", address)
                 time.sleep(2.0)
     else:
-        ray.init(
-            address="local",  # never join a cluster some other `ray start` left on this machine
-            num_cpus=max(local_slots, os.cpu_count() or 1),
-            resources={ROLLOUT_SLOT: local_slots},
-            include_dashboard=False,
-            object_store_memory=256 * 1024 * 1024,
-            runtime_env=runtime_env,
-            logging_level=logging.WARNING,
-            log_to_driver=True,
-        )
+        # The local raylet inherits this environment and hands it to its workers, so they need no
+        # runtime_env: one would make every actor wait for a fresh worker process set up for it.
+        previous = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = pythonpath
+        try:
+            ray.init(
+                address="local",  # never join a cluster some other `ray start` left on this machine
+                num_cpus=max(local_slots, os.cpu_count() or 1),
+                resources={ROLLOUT_SLOT: local_slots},
+                include_dashboard=False,
+                object_store_memory=256 * 1024 * 1024,
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+            )
+        finally:  # the raylet has its copy; the rest of this process keeps what it had
+            if previous is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = previous
     return time.perf_counter() - t0
+
+
+def signal_local_ray_to_stop() -> bool:
+    """For a process about to exit: ask every process of the Ray this process started to stop
+    (SIGTERM, all at once; the raylet stops its workers and agents) and return without waiting.
+    `ray.shutdown()` stops them one by one, waiting up to a second for each. Returns False, doing
+    nothing, when this process did not start the Ray it is connected to."""
+    node = getattr(ray._private.worker, "_global_node", None)  # ray 2.x: the Node ray.init started
+    if node is None or not node.is_head():
+        return False
+    # The raylet's own children (its agents, workers) first: stopped with it they would linger
+    # for a minute each. Then the raylet and the rest, all at once.
+    raylets = [info.process for info in node.all_processes.get("raylet", [])]
+    children = [child for proc in raylets for child in _child_pids(proc.pid)]
+    for kind, infos in list(node.all_processes.items()):
+        for info in infos:
+            if info.process.poll() is None:
+                info.process.terminate()
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # already gone
+            pass
+    return True
+
+
+def _child_pids(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; none elsewhere)."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return found
 
 
 @dataclass

@@ -1,0 +1,70 @@
+"""Every run splits its wall clock into phases (start-up, collection, learning, evaluation, report,
+shutdown) that sum to the whole; summary.json and the summary table carry the split."""
+
+from __future__ import annotations
+
+import time
+
+from kuberl.trainer.report import PHASES, Timeline, _time_rows
+
+
+def test_phases_sum_to_the_total():
+    origin = time.perf_counter() - 0.05  # as if the process had started 50 ms ago
+    timeline = Timeline(origin)
+    time.sleep(0.01)
+    timeline.mark("startup", ray=0.004)
+    time.sleep(0.02)
+    timeline.mark_split("collection", 0.005, "learning")
+    timeline.mark("evaluation")
+    timeline.mark("report")
+    timeline.mark("shutdown")
+    split = timeline.as_dict()
+    assert set(PHASES) <= set(split)
+    assert split["startup"] >= 0.05
+    assert abs(split["collection"] - 0.005) < 1e-3 and split["learning"] > 0.01
+    assert abs(sum(split[p] for p in PHASES) - split["total"]) < 0.01
+    assert split["startup_detail"]["ray"] == 0.004 and split["startup_detail"]["before_train"] >= 0.05
+
+
+def test_split_cannot_give_more_than_the_span():
+    timeline = Timeline()
+    timeline.mark_split("collection", 99.0, "learning")
+    split = timeline.as_dict()
+    assert split["learning"] == 0.0 and split["collection"] <= split["total"] + 1e-3
+
+
+def test_summary_table_rows():
+    timeline = Timeline()
+    timeline.mark("startup", ray=0.0, learner_build=0.0)
+    rows = dict(_time_rows(timeline.as_dict()))
+    assert "whole run" in rows and "  shutdown" in rows
+    assert _time_rows(None) == []
+
+
+def test_kuberl_train_writes_the_split_from_process_start(tmp_path, job_dict):
+    """A whole `kuberl train` process: summary.json's phases cover it from process start to the end."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    job_dict["spec"]["stopping"] = {"maxEnvSteps": 3_000}
+    job_dict["spec"]["evaluation"] = {"episodes": 4}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_dict))
+    run_dir = tmp_path / "run"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--workers", "1",
+                           "--run-dir", str(run_dir), "--no-progress", "--metrics-port", "0"],
+                          capture_output=True, text=True, timeout=300)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = json.loads((run_dir / "summary.json").read_text())["time_split"]
+    assert abs(sum(split[p] for p in PHASES) - split["total"]) < 0.05
+    assert 0 < split["total"] <= wall + 0.5  # counted from process start, never beyond its end
+    assert split["startup_detail"]["before_train"] > 0 and split["collection"] > 0 and split["learning"] > 0
+    assert "whole run" in proc.stdout and "start-up" in proc.stdout
+    for name in ("evaluation.json", "learning_curve.png", "metrics.csv"):
+        assert (run_dir / name).stat().st_size > 0
+    assert list((run_dir / "checkpoints").iterdir())
