@@ -208,3 +208,25 @@ def test_a_missing_claim_fails_the_pod_with_the_reason(node):
     assert status["phase"] == "Failed" and status["reason"] == "FailedMount"
     assert 'persistentvolumeclaim "nope" not found' in status["message"]
     cluster.kubectl("delete", "pod", "orphan")
+
+
+def test_http_sd_targets_carry_the_labels_kubernetes_sd_gives_a_pod():
+    from cluster_bed import pod_targets
+
+    pods = [{"metadata": {"name": "j-learner", "namespace": "ml", "uid": "u1",
+                          "labels": {"kuberl.dev/job-name": "j"},
+                          "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8080"}},
+             "spec": {"nodeName": "n", "containers": [{"name": "learner", "ports": [
+                 {"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]}]},
+             "status": {"phase": "Running", "podIP": "10.1.0.7",
+                        "conditions": [{"type": "Ready", "status": "True"}]}},
+            {"metadata": {"name": "pending", "namespace": "ml"}, "spec": {"containers": [{"name": "c"}]},
+             "status": {"phase": "Pending"}}]
+    (group,) = pod_targets(pods)  # a pod without an address is no target yet
+    assert group["targets"] == ["10.1.0.7:8080"]
+    labels = group["labels"]
+    assert labels["__meta_kubernetes_pod_annotation_prometheus_io_scrape"] == "true"
+    assert labels["__meta_kubernetes_pod_annotation_prometheus_io_port"] == "8080"
+    assert labels["__meta_kubernetes_pod_label_kuberl_dev_job_name"] == "j"
+    assert labels["__meta_kubernetes_namespace"] == "ml" and labels["__meta_kubernetes_pod_ready"] == "true"
+    assert labels["__meta_kubernetes_pod_container_port_name"] == "metrics"

@@ -1,0 +1,64 @@
+"""The learner's last word reaches the job's status through its pod, not a race with a scrape.
+
+A learner exits right after its final evaluation; the operator's next scrape of /metrics would find
+nothing. So the learner writes its final metrics to its container's terminationMessagePath, the
+kubelet puts them into the pod's status, and the operator parses them as it parses a scrape.
+"""
+
+from __future__ import annotations
+
+from kuberl.operator import builders
+from kuberl.operator.lifecycle import PodView
+from kuberl.operator.status import parse_learner_metrics
+from kuberl.trainer.metrics import JobLabels, LearnerMetrics
+
+
+def finished_metrics(tmp_path, monkeypatch) -> str:
+    metrics = LearnerMetrics(JobLabels("ttt", "ml", "DQN", "kuberl/TicTacToe-v0"))
+    metrics.inc("kuberl_episodes_total", 100_000)
+    metrics.inc("kuberl_env_steps_total", 380_000)
+    metrics.set("kuberl_episode_return_mean", 0.93)
+    metrics.set("kuberl_evaluation_return_mean", 0.97)
+    metrics.set_win_rate("vs-random-first", 0.99)
+    metrics.set_win_rate("self-play", 0.0)
+    metrics.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
+    metrics.set("kuberl_checkpoint_iteration", 812)
+    metrics.set("kuberl_job_finished", 1)
+    path = tmp_path / "termination-log"
+    monkeypatch.setenv("KUBERL_TERMINATION_MESSAGE_PATH", str(path))
+    metrics.write_termination_message()
+    return path.read_text()
+
+
+def test_the_final_metrics_fit_a_termination_message_and_parse_as_a_scrape(tmp_path, monkeypatch):
+    text = finished_metrics(tmp_path, monkeypatch)
+    assert len(text.encode()) <= 4096, "the kubelet keeps at most 4096 bytes"
+    report = parse_learner_metrics(text, job_name="ttt")
+    assert report.finished
+    assert report.progress.episodes == 100_000 and report.progress.env_steps == 380_000
+    assert report.evaluation == {"deterministic": {"meanReturn": 0.97}, "self-play": {"winRate": 0.0},
+                                 "vs-random-first": {"winRate": 0.99}}
+    assert report.last_checkpoint == "ckpt-000000812.pt"
+
+
+def test_a_succeeded_learner_pod_hands_its_message_to_the_operator(tmp_path, monkeypatch):
+    text = finished_metrics(tmp_path, monkeypatch)
+    pod = {"metadata": {"name": "ttt-learner", "labels": {"kuberl.dev/component": "learner"}},
+           "status": {"phase": "Succeeded", "containerStatuses": [
+               {"name": "learner", "state": {"terminated": {"exitCode": 0, "message": text}}}]}}
+    assert PodView.from_pod(pod).final_message == text
+    failed = {**pod, "status": {"phase": "Failed", "containerStatuses": [
+        {"name": "learner", "state": {"terminated": {"exitCode": 1, "message": "Traceback ..."}}}]}}
+    assert PodView.from_pod(failed).final_message is None
+
+
+def test_the_learner_pod_says_where_to_write_it(monkeypatch):
+    from kuberl.api.load import parse_job
+
+    job = parse_job({"apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob",
+                     "metadata": {"name": "cartpole", "namespace": "ml"},
+                     "spec": {"algorithm": {"name": "PPO"}, "environment": {"id": "CartPole-v1"},
+                              "stopping": {"maxEnvSteps": 1000}}}, source="test")
+    (container,) = builders.build_learner_pod(job, builders.BuildOptions())["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["KUBERL_TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"] == "/dev/termination-log"
