@@ -7,6 +7,7 @@ workers and scaling the pods scales the actors.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -53,21 +54,52 @@ def start_ray(address: str | None, local_slots: int) -> float:
         previous = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = pythonpath
         try:
-            ray.init(
-                address="local",  # never join a cluster some other `ray start` left on this machine
-                num_cpus=max(local_slots, os.cpu_count() or 1),
-                resources={ROLLOUT_SLOT: local_slots},
-                include_dashboard=False,
-                object_store_memory=256 * 1024 * 1024,
-                logging_level=logging.WARNING,
-                log_to_driver=True,
-            )
+            with _lean_local_head():
+                ray.init(
+                    address="local",  # never join a cluster some other `ray start` left on this machine
+                    num_cpus=max(local_slots, os.cpu_count() or 1),
+                    resources={ROLLOUT_SLOT: local_slots},
+                    include_dashboard=False,
+                    object_store_memory=256 * 1024 * 1024,
+                    logging_level=logging.WARNING,
+                    log_to_driver=True,
+                )
         finally:  # the raylet has its copy; the rest of this process keeps what it had
             if previous is None:
                 os.environ.pop("PYTHONPATH", None)
             else:
                 os.environ["PYTHONPATH"] = previous
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _lean_local_head():
+    """An embedded Ray without the two head processes a one-machine training run never uses: the
+    dashboard's API server (ray.init waits for it to come up, even with include_dashboard=False) and
+    the autoscaler monitor: two fewer Python processes starting up on the same cores; `ray
+    start` heads (clusters) keep both. KUBERL_RAY_FULL_HEAD=1 keeps them here too. Ray has no public
+    switch for either, so this patches Ray 2.x's Node for the duration of ray.init, and does nothing
+    where that Node looks different."""
+    from ray._private import node as ray_node
+    from ray._private import parameter
+
+    if os.environ.get("KUBERL_RAY_FULL_HEAD") == "1" or not (
+            hasattr(ray_node.Node, "start_api_server") and hasattr(parameter.RayParams, "__init__")):
+        yield
+        return
+    start_api_server, params_init = ray_node.Node.start_api_server, parameter.RayParams.__init__
+
+    def lean_params(self, *args, **kwargs):
+        params_init(self, *args, **kwargs)
+        self.no_monitor = True
+
+    ray_node.Node.start_api_server = lambda self, **_: None
+    parameter.RayParams.__init__ = lean_params
+    try:
+        yield
+    finally:
+        ray_node.Node.start_api_server = start_api_server
+        parameter.RayParams.__init__ = params_init
 
 
 def signal_local_ray_to_stop() -> bool:
