@@ -176,6 +176,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
                             expected=replicas)
         loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
         workers.reconcile(wait_for_all=60.0)
+        log.info("%d/%d rollout workers ready", len(workers.ready()), replicas)
         timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
         wait_before = counters.learner_wait
         reason = loop.run()
