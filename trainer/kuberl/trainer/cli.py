@@ -99,6 +99,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from kuberl.trainer.serving.export import ExportError, export
+
+    try:
+        out = export(args.run_dir, args.output, args.format)
+    except (ExportError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {out} ({args.format})")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from kuberl.trainer.serving.export import ExportError
+    from kuberl.trainer.serving.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        serve(args.path, args.host, args.port, args.model_name, args.max_batch)
+    except (ExportError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _process_start() -> float | None:
     """time.perf_counter() when this process started (Linux), so a run's time split covers it all."""
     import time
@@ -147,6 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override spec.learner.device")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("export", help="write a run's newest loadable checkpoint as a self-contained policy artifact")
+    p.add_argument("run_dir", help="run directory (job.yaml + checkpoints/)")
+    p.add_argument("--format", choices=["numpy", "onnx", "torchscript"], default="numpy",
+                   help="numpy: policy.json + weights.npz (what `kuberl serve` runs); onnx / torchscript add "
+                        "policy.onnx / policy.pt (greedy action from the flattened observation) beside them")
+    p.add_argument("-o", "--output", help="artifact directory (default RUN_DIR/policy)")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("serve", help="serve a policy over HTTP: Open Inference Protocol (KServe v2) and /act")
+    p.add_argument("path", help="an exported policy directory, or a run directory (its newest checkpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (protocol, /act and /metrics)")
+    p.add_argument("--model-name", help="model name in the protocol's paths (default: the job's name)")
+    p.add_argument("--max-batch", type=int, default=256, help="most observations in one forward pass")
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

@@ -51,7 +51,7 @@ class BranchHeads(nn.Module):
         self.out_bias = nn.Parameter(torch.zeros(len(heads), max(heads)))
 
     def forward(self, h: torch.Tensor) -> list[torch.Tensor]:
-        z = self.act(self.hidden(h)).view(len(h), len(self.sizes) + 1, self.branch_hidden)
+        z = self.act(self.hidden(h)).view(-1, len(self.sizes) + 1, self.branch_hidden)  # -1: exported graphs keep a free batch
         out = torch.einsum("bkh,khn->bkn", z, self.out_weight) + self.out_bias
         value = out[:, 0, :1]
         advantages = [out[:, d + 1, :n] for d, n in enumerate(self.sizes)]
