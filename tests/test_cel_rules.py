@@ -117,6 +117,9 @@ BAD = {
        for port in (6379, 8265, 10001, 10002, 15000, 19999, 52365)},
     "no-stopping-limit": (spec(stopping={"targetReturn": 475}), "spec.stopping", "at least one of maxEpisodes"),
     "async-ppo": (spec(collection={"mode": "async"}), "spec", "async needs an off-policy algorithm"),
+    "serving-without-claim": (spec(serving={}), "spec", "serving needs checkpointing.volume.claimName"),
+    "serving-ports-equal": (lambda m: m["spec"].update(serving={"port": 9000, "metricsPort": 9000}, checkpointing={
+        "volume": {"claimName": "checkpoints"}}), "spec.serving", "port and metricsPort must differ"),
 }
 GOOD = {
     "example": lambda m: None,
@@ -125,6 +128,8 @@ GOOD = {
     "metrics-ports-around-ray": spec(metrics={"port": 10000}),
     "metrics-port-20000": spec(metrics={"port": 20000}),
     "metrics-port-0": spec(metrics={"port": 0}),
+    "serving-with-claim": lambda m: m["spec"].update(serving={"replicas": 2}, checkpointing={
+        "volume": {"claimName": "checkpoints"}}),
     "gpu-request-equals-limit": part("learner", resources={"requests": {GPU: "1", "cpu": "1"},
                                                            "limits": {GPU: "1", "memory": "4Gi"}}),
     "gpu-limit-only": part("learner", resources={"limits": {GPU: "2"}}),

@@ -521,11 +521,47 @@ class MetricsSpec(_Model):
         return kube.check_metrics_port(v)
 
 
+class ServingSpec(_Model):
+    """Serve the trained policy once the job succeeds: a Deployment runs `kuberl serve` on the checkpoint
+    claim (Open Inference Protocol + /act) behind a Service; `status.servingEndpoint` is its URL."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
+        "message": "port and metricsPort must differ"}]})
+    replicas: int = Field(default=1, ge=1, le=100, description="Serving pods (each answers every request).")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "2Gi"}),
+        description="Resources of each serving pod.",
+    )
+    port: int = Field(default=8000, ge=1024, le=65535,
+                      description="HTTP port of the protocol, /act and /metrics (the Service's port too).")
+    metrics_port: int = Field(default=9090, ge=1024, le=65535,
+                              description="Port serving only /metrics, named `metrics` for a PodMonitor.")
+    max_batch: int = Field(default=256, ge=1, le=65_536,
+                           description="Most observations one forward pass takes from concurrent requests.")
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for serving pods.",
+        json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServingSpec:
+        if self.port == self.metrics_port:
+            raise ValueError(f"port and metricsPort must differ, both are {self.port}")
+        return self
+
+
+SERVING_NEEDS_CLAIM = ("serving needs checkpointing.volume.claimName: the serving pods read the policy from "
+                       "the checkpoint claim (an emptyDir dies with the learner pod)")
+
+
 class RLTrainingJobSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
         "rule": "!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
                 "self.algorithm.name != 'PPO'",
-        "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO"}]})
+        "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO"}, {
+        "rule": "!has(self.serving) || (has(self.checkpointing) && has(self.checkpointing.volume) && "
+                "has(self.checkpointing.volume.claimName))",
+        "message": SERVING_NEEDS_CLAIM}]})
     algorithm: AlgorithmSpec = Field(description="Learning algorithm and hyperparameters.")
     environment: EnvironmentSpec = Field(description="The environment to train on.")
     rollout_workers: RolloutWorkersSpec = Field(
@@ -552,6 +588,15 @@ class RLTrainingJobSpec(_Model):
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has been active longer than this."
     )
+    serving: ServingSpec | None = Field(
+        default=None, description="Serve the trained policy after the job succeeds (needs a checkpoint claim)."
+    )
+
+    @model_validator(mode="after")
+    def _serving_needs_a_claim(self) -> RLTrainingJobSpec:
+        if self.serving is not None and self.checkpointing.volume.claim_name is None:
+            raise ValueError(SERVING_NEEDS_CLAIM)
+        return self
 
     @model_validator(mode="after")
     def _async_needs_off_policy(self) -> RLTrainingJobSpec:
@@ -620,6 +665,8 @@ class RLTrainingJobStatus(_Model):
         description="Final evaluation results by suite.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    serving_endpoint: str | None = Field(
+        default=None, description="URL of the policy server (spec.serving), once the job has succeeded.")
     reason: str | None = Field(default=None, description="Why the job failed (CamelCase).")
     message: str | None = Field(default=None, description="Detail of the failure.")
 

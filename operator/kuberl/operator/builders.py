@@ -330,6 +330,87 @@ def build_metrics_service(job: RLTrainingJob) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# Serving (spec.serving): the trained policy behind a Service, once the job has succeeded
+# --------------------------------------------------------------------------------------------
+
+
+def _serving_metadata(job: RLTrainingJob) -> dict[str, Any]:
+    # The recommended labels and the job's selector, as every child has; the component is "serving",
+    # which is no Component of the lifecycle's: its pods belong to the Deployment, not to the job loop.
+    labels = {**names.labels(job.metadata.name, Component.LEARNER),
+              "app.kubernetes.io/component": names.SERVING_COMPONENT, names.COMPONENT_LABEL: names.SERVING_COMPONENT}
+    return {"name": names.serving(job.metadata.name), "namespace": job.metadata.namespace, "labels": labels}
+
+
+def build_serving_deployment(job: RLTrainingJob, options: BuildOptions) -> dict[str, Any]:
+    """`kuberl serve` on the checkpoint claim (read-only): the newest loadable checkpoint, exported in
+    memory at start; ready when the Open Inference Protocol's ready endpoint answers."""
+    serving = job.spec.serving
+    assert serving is not None and job.spec.checkpointing.volume.claim_name
+    job_name = job.metadata.name
+    command = ["kuberl", "serve", names.CHECKPOINT_MOUNT, "--host", "0.0.0.0", f"--port={serving.port}",
+               f"--metrics-port={serving.metrics_port}", f"--model-name={job_name}",
+               f"--max-batch={serving.max_batch}"]
+    container = _container(
+        "serving", job, options, command, serving.resources, [],
+        ports=[{"name": "http", "containerPort": serving.port, "protocol": "TCP"},
+               {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"}],
+        volumeMounts=[{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT, "readOnly": True}],
+        # Start-up imports torch and exports the checkpoint (seconds); after that, liveness and
+        # readiness are the protocol's own health endpoints.
+        startupProbe={"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 2,
+                      "failureThreshold": 90},
+        livenessProbe={"httpGet": {"path": "/v2/health/live", "port": "http"}, "periodSeconds": 10},
+        readinessProbe={"httpGet": {"path": "/v2/health/ready", "port": "http"}, "periodSeconds": 5},
+    )
+    meta = _serving_metadata(job)
+    pod = _pod({"labels": meta["labels"], "annotations": {
+        "prometheus.io/scrape": "true", "prometheus.io/port": str(serving.metrics_port),
+        "prometheus.io/path": "/metrics"}}, containers=[container], volumes=[checkpoint_volume(job)],
+        node_selector=serving.node_selector)
+    pod["spec"]["restartPolicy"] = "Always"  # a Deployment's pods restart in place
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": serving.replicas,
+            "selector": {"matchLabels": names.serving_selector(job_name)},
+            "template": {"metadata": pod["metadata"], "spec": pod["spec"]},
+        },
+    }
+
+
+def build_serving_service(job: RLTrainingJob) -> dict[str, Any]:
+    """ClusterIP Service in front of the serving pods: `http` (protocol, /act) and `metrics`."""
+    serving = job.spec.serving
+    assert serving is not None
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _serving_metadata(job),
+        "spec": {
+            "selector": names.serving_selector(job.metadata.name),
+            "ports": [{"name": "http", "port": serving.port, "targetPort": "http", "protocol": "TCP"},
+                      {"name": "metrics", "port": serving.metrics_port, "targetPort": "metrics", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_serving(job: RLTrainingJob, options: BuildOptions) -> list[dict[str, Any]]:
+    """Service and Deployment for spec.serving (none without it)."""
+    if job.spec.serving is None:
+        return []
+    return [build_serving_service(job), build_serving_deployment(job, options)]
+
+
+def serving_endpoint(job: RLTrainingJob) -> str | None:
+    if job.spec.serving is None:
+        return None
+    return names.serving_endpoint(job.metadata.name, job.metadata.namespace, job.spec.serving.port)
+
+
+# --------------------------------------------------------------------------------------------
 # Network policies: no Ray port reachable from outside its job
 # --------------------------------------------------------------------------------------------
 

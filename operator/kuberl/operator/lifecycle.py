@@ -281,6 +281,10 @@ class _Pass:
         if not self.phase.terminal:
             return
         self.done = True
+        if self.phase == Phase.SUCCEEDED and self.job is not None and self.job.spec.serving is not None:
+            # Create-if-absent every pass: a deleted serving Deployment or Service comes back.
+            self.p.create.extend(builders.build_serving(self.job, self.options))
+            self.st.serving_endpoint = builders.serving_endpoint(self.job)
         keep_learner = self.st.reason != DEADLINE_EXCEEDED
         self.delete([pod for pod in self.live
                      if not (keep_learner and pod.component == Component.LEARNER and pod.ended)])

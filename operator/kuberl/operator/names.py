@@ -61,6 +61,24 @@ def worker_pod(job: str, index: int) -> str:
     return f"{job}-worker-{index}"
 
 
+#: Component label of the policy-serving pods (spec.serving): a Deployment's pods, not the lifecycle's.
+SERVING_COMPONENT = "serving"
+
+
+def serving(job: str) -> str:
+    """Deployment and Service serving the trained policy (spec.serving)."""
+    return f"{job}-serving"
+
+
+def serving_selector(job: str) -> dict[str, str]:
+    return {JOB_NAME_LABEL: job, COMPONENT_LABEL: SERVING_COMPONENT}
+
+
+def serving_endpoint(job: str, namespace: str, port: int) -> str:
+    """The serving Service's in-cluster URL (status.servingEndpoint)."""
+    return f"http://{serving(job)}.{namespace}.svc:{port}"
+
+
 def network_policy(job: str) -> str:
     """Ray ports of every pod of the job: reachable only from the job's own pods."""
     return f"{job}-ray"

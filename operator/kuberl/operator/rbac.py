@@ -25,6 +25,8 @@ RULES: list[dict[str, list[str]]] = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
      "verbs": ["get", "list", "watch", "create", "delete"]},
+    # spec.serving: the Deployment serving the trained policy (its Service is under services above).
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "delete"]},
     # Kubernetes Events on every phase transition (kopf posts core/v1 Events).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]

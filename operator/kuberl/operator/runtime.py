@@ -86,6 +86,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
+        self.apps = kubernetes.client.AppsV1Api(api_client)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kuberl-api")
 
     async def _call(self, fn: Callable[..., Any], *args: Any, parse: bool = True, **kwargs: Any) -> Any:
@@ -111,6 +112,7 @@ class Kube:
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            "Deployment": self.apps.create_namespaced_deployment,
         }[kind]
         await self._call(fn, namespace, manifest, parse=False)
 

@@ -119,7 +119,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        serve(args.path, args.host, args.port, args.model_name, args.max_batch)
+        serve(args.path, args.host, args.port, args.model_name, args.max_batch, args.metrics_port)
     except (ExportError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -189,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="HTTP port (protocol, /act and /metrics)")
     p.add_argument("--model-name", help="model name in the protocol's paths (default: the job's name)")
     p.add_argument("--max-batch", type=int, default=256, help="most observations in one forward pass")
+    p.add_argument("--metrics-port", type=int, help="also serve /metrics alone on this port")
     p.set_defaults(func=_cmd_serve)
     return parser
 

@@ -384,9 +384,14 @@ def load_policy(path: str | Path) -> ExportedPolicy:
 
 
 def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          max_batch: int = 256) -> None:
+          max_batch: int = 256, metrics_port: int | None = None) -> None:
     policy = load_policy(path)
     app = create_app(policy, model_name, max_batch)
+    if metrics_port:
+        # /metrics alone on a port of its own (a PodMonitor's `metrics` port); the main port serves it too.
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=host, registry=app["metrics"].registry)
     log.info("serving %s (%s, checkpoint %s) on http://%s:%d", app["model_name"], policy.manifest["algorithm"],
              policy.manifest["checkpoint"]["file"], host, port)
     web.run_app(app, host=host, port=port, access_log=None, print=None)
