@@ -8,6 +8,10 @@ Measures, on CartPole-v1 (env steps/s = vector steps x envs):
 2. worker, in-process: one `RolloutWorker` (plain class) with the same number of envs, same core,
    `sample_onpolicy` with a PPO policy (the example job's network) and `sample_offpolicy` with a DQN
    one (n-step transitions), weights passed as numpy arrays each call;
+1b. numpy-batched CartPole with `--big-envs` envs (1,024), same core: raw SyncVectorEnv, raw
+   KubeRL batched CartPole (envs/batched.py, what a worker now steps), raw gymnasium CartPoleVectorEnv
+   (vector_entry_point), and a RolloutWorker (PPO, 16 steps per call) on the batched env;
+   (since the batched env, steps 2-4 step KubeRL's batched CartPole, step 1 SyncVectorEnv);
 3. worker, Ray actor: the same worker as a Ray actor (pinned to one core), the driver publishing new
    weights with ray.put before every call (a new version each time, so each call loads them) and
    getting the batch back: what one worker delivers to the learner;
@@ -87,6 +91,25 @@ def job_algorithm(name: str):
 def raw_stepper(n_envs: int) -> Callable[[], int]:
     env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n_envs)],
                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    chunk = 64
+
+    def run() -> int:
+        for _ in range(chunk):
+            env.step(rng.integers(0, 2, size=n_envs))
+        return chunk * n_envs
+
+    return run
+
+
+def raw_batched_stepper(n_envs: int, gymnasium_vector: bool = False) -> Callable[[], int]:
+    """KubeRL's numpy-batched CartPole (what a rollout worker steps), or gymnasium's own
+    CartPoleVectorEnv (`make_vec(..., vectorization_mode="vector_entry_point")`), random actions."""
+    from kuberl.trainer.envs.batched import CartPoleBatch
+
+    env = gym.make_vec("CartPole-v1", n_envs, vectorization_mode="vector_entry_point") if gymnasium_vector \
+        else CartPoleBatch(n_envs)
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     chunk = 64
@@ -213,6 +236,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64, help="steps per env per sample call")
     p.add_argument("--seconds", type=float, default=3.0, help="per measurement turn")
     p.add_argument("--repeats", type=int, default=3, help="rounds of turns (median)")
+    p.add_argument("--big-envs", type=int, default=1024, help="envs per worker for the batched-env comparison")
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "rollout.json")
     args = p.parse_args()
     core = CORES[-1]
@@ -226,6 +250,15 @@ def main() -> None:
                                 "worker_inprocess_dqn": worker_stepper("dqn", n, steps)}, sec, rep)
     for name, r in single.items():
         print(f"   {name:24s} {r['steps_per_second']:>9,} steps/s  {r['rounds']}", flush=True)
+    big = args.big_envs
+    print(f"1b. numpy-batched CartPole, {big} envs: raw (KubeRL's, gymnasium's) vs RolloutWorker, core {core} ...",
+          flush=True)
+    batched = interleaved_rates({"raw_sync_vector_env": raw_stepper(big),
+                                 "raw_kuberl_batched": raw_batched_stepper(big),
+                                 "raw_gymnasium_vector_entry_point": raw_batched_stepper(big, gymnasium_vector=True),
+                                 "worker_inprocess_ppo": worker_stepper("ppo", big, 16)}, sec, rep)
+    for name, r in batched.items():
+        print(f"   {name:32s} {r['steps_per_second']:>11,} steps/s  {r['rounds']}", flush=True)
     os.sched_setaffinity(0, set(CORES))  # from here on the driver is not pinned
 
     ceiling = None
@@ -271,6 +304,7 @@ def main() -> None:
         "config": {"envs": n, "steps_per_call": steps, "seconds_per_turn": sec, "rounds": rep, "pinned_core": core},
         "ray_start_seconds": round(ray_seconds, 3),
         "single_core": single,
+        "single_core_batched": {"envs": big, **batched},
         "worker_ray_actor": actor,
         "collection": collection,
         "machine_ceiling_two_processes": ceiling,
@@ -281,6 +315,11 @@ def main() -> None:
             "worker_actor_dqn_over_raw": round(actor["worker_actor_dqn"]["steps_per_second"] / raw_rate, 3),
             "collection_k2_over_k1": {label: res["k2_over_k1"] for label, res in collection.items()},
             "machine_two_processes_over_one": ceiling["two_over_one"] if ceiling else None,
+            f"batched_{big}_worker_ppo_over_raw_kuberl_batched": round(
+                batched["worker_inprocess_ppo"]["steps_per_second"] / batched["raw_kuberl_batched"]["steps_per_second"], 3),
+            f"batched_{big}_worker_ppo_over_raw_gymnasium_vector": round(
+                batched["worker_inprocess_ppo"]["steps_per_second"]
+                / batched["raw_gymnasium_vector_entry_point"]["steps_per_second"], 3),
         },
         "targets": {"one_worker_at_least_half_of_raw": 0.5, "k2_over_k1_at_least": 1.6},
         "wall_seconds": round(time.perf_counter() - t_all, 1),

@@ -134,19 +134,23 @@ def run_cluster(a) -> list[dict[str, Any]]:
             if time.monotonic() > deadline:
                 raise RuntimeError("the Ray head did not start")
             time.sleep(0.5)
-        time.sleep(2.0)
         half = max(max(a.k) // 2, 1)
-        for _ in range(2):
-            procs.append(subprocess.Popen([RAY_BIN, "start", f"--address=127.0.0.1:{port}", f"--num-cpus={half}",
-                                           f'--resources={{"rollout_slot": {half}}}', *common], env=env,
-                                          start_new_session=True, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
+        worker_cmd = [RAY_BIN, "start", f"--address=127.0.0.1:{port}", f"--num-cpus={half}",
+                      f'--resources={{"rollout_slot": {half}}}', *common]
         start_ray(f"127.0.0.1:{port}", 0)
-        deadline = time.monotonic() + 180
-        while ray.cluster_resources().get("rollout_slot", 0) < 2 * half:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rollout slots: {ray.cluster_resources().get('rollout_slot', 0)}")
-            time.sleep(0.5)
+        # One worker node at a time (two starting at once on one machine can race for a port), and a
+        # `ray start` that exits is started again, as a restarted worker pod would be.
+        for n in (1, 2):
+            node = None
+            deadline = time.monotonic() + 180
+            while ray.cluster_resources().get("rollout_slot", 0) < n * half:
+                if node is None or node.poll() is not None:
+                    node = subprocess.Popen(worker_cmd, env=env, start_new_session=True,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    procs.append(node)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rollout slots: {ray.cluster_resources().get('rollout_slot', 0)}")
+                time.sleep(0.5)
         return measure(a.k, a.envs, a.steps, a.rounds, a.step_seconds, cluster=True)
     finally:
         ray.shutdown()

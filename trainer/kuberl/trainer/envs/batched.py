@@ -46,21 +46,34 @@ class CartPoleBatch(VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.state = np.zeros((num_envs, 4))
         self.steps = np.zeros(num_envs, np.int64)
-        self.rngs = [np.random.default_rng() for _ in range(num_envs)]
+        self._seed_all([None] * num_envs)
 
-    def _draw(self, i: int) -> None:
+    # Each copy's start states come from its own generator, drawn RESET_BLOCK at a time: a generator
+    # gives the same numbers in one draw of (B, 4) as in B draws of (4,), so episodes are those of the
+    # reference, and an ended episode's reset is an array lookup, not a Python call per env.
+    RESET_BLOCK = 64
+
+    def _seed_all(self, seeds: list[int | None]) -> None:
+        self.rngs = [gym.utils.seeding.np_random(s)[0] for s in seeds]
+        self._starts = np.stack([rng.uniform(-0.05, 0.05, size=(self.RESET_BLOCK, 4)) for rng in self.rngs])
+        self._next = np.zeros(self.num_envs, np.int64)
+
+    def _reset_envs(self, idx: np.ndarray) -> None:
         # CartPoleEnv.reset: uniform(-0.05, 0.05, size=(4,)) from the env's own generator.
-        self.state[i] = self.rngs[i].uniform(-0.05, 0.05, size=(4,))
-        self.steps[i] = 0
+        self.state[idx] = self._starts[idx, self._next[idx]]
+        self.steps[idx] = 0
+        self._next[idx] += 1
+        for i in idx[self._next[idx] == self.RESET_BLOCK]:
+            self._starts[i] = self.rngs[i].uniform(-0.05, 0.05, size=(self.RESET_BLOCK, 4))
+            self._next[i] = 0
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
             seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(f"{len(seeds)} seeds given for {self.num_envs} envs")
-            self.rngs = [gym.utils.seeding.np_random(s)[0] for s in seeds]
-        for i in range(self.num_envs):
-            self._draw(i)
+            self._seed_all(seeds)
+        self._reset_envs(np.arange(self.num_envs))
         return self.state.astype(np.float32), {}
 
     def step(self, actions):
@@ -93,8 +106,7 @@ class CartPoleBatch(VectorEnv):
             info["_final_obs"] = done.copy()
             info["final_info"] = {}
             info["_final_info"] = done.copy()
-            for i in np.nonzero(done)[0]:
-                self._draw(i)
+            self._reset_envs(np.nonzero(done)[0])
             obs[done] = self.state[done].astype(np.float32)
         return obs, reward, terminated, truncated, info
 
