@@ -84,7 +84,12 @@ class Batcher:
             while end < len(pending) and (end == start or rows + len(pending[end][0]) <= self.max_batch):
                 rows += len(pending[end][0])
                 end += 1
-            self._forward(pending[start:end])
+            try:
+                self._forward(pending[start:end])
+            except Exception as err:  # noqa: BLE001 — a bug must fail its requests (a 500), not leave them waiting
+                for _, _, future in pending[start:end]:
+                    if not future.done():
+                        future.set_exception(err)
             start = end
 
     def _forward(self, group) -> None:
