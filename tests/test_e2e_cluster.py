@@ -123,7 +123,10 @@ def wait_complete(bed: OneNodeCluster, job: str, timeout: int) -> None:
 def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     from test_dashboard import dashboard, grafana_expr, has_finite_value, queries
 
-    job = example("cartpole-ppo.yaml", **{"checkpointing.volume.claimName": "cartpole-checkpoints"})
+    # Checkpoints every 10 iterations (of ~100): the checkpoint-age panel has a checkpoint to show while
+    # the learner is still being scraped, not only the final one written just before it exits.
+    job = example("cartpole-ppo.yaml", **{"checkpointing.volume.claimName": "cartpole-checkpoints",
+                                          "checkpointing.intervalIterations": 10})
     apply(bed, claim("cartpole-checkpoints"))
     watch = Watch(bed, "cartpole-ppo")
     started = time.time()
