@@ -80,22 +80,26 @@ def test_ppo_with_two_workers_serves_growing_counters(local_ray, job_dict, tmp_p
 
 def test_a_dead_rollout_actor_is_replaced_and_counted(local_ray, job_dict, tmp_path):
     job_dict["spec"]["algorithm"] = {"name": "DQN", "dqn": {"learningStarts": 200}}
-    job = parse_job(short_job(job_dict, maxEnvSteps=6_000))
-    killed = {}
+    # A budget far beyond what the test needs: the run ends when the replacement has joined (below),
+    # not when a step budget runs out, so a slow machine cannot end it before the replacement is ready.
+    job = parse_job(short_job(job_dict, maxEnvSteps=2_000_000))
+    seen = {"recovered_at": None}
 
     def observe(row, loop):
         if row["iteration"] == 3:
             victim = loop.workers.ready()[0]
-            killed["pid"] = ray.get(victim.actor.pid.remote())
-            os.kill(killed["pid"], signal.SIGKILL)
-        killed["last_ready"] = row["workers_ready"]
+            seen["pid"] = ray.get(victim.actor.pid.remote())
+            os.kill(seen["pid"], signal.SIGKILL)
+        elif row["iteration"] > 3 and row["workers_ready"] == 2 and loop.c.worker_restarts >= 1:
+            seen["recovered_at"] = row["iteration"]
+            loop.stop_signal["set"] = True  # as SIGTERM would: checkpoint and leave cleanly
 
     result = train(job, TrainOptions(run_dir=tmp_path, workers=2, metrics_port=0, progress=False,
                                      shutdown_ray=False, on_iteration=observe))
-    assert killed["pid"]
-    assert result.ok and result.reason == "max_env_steps"
-    assert result.counters.worker_restarts >= 1
-    assert killed["last_ready"] == 2  # the replacement joined and training went on with both
+    assert seen["pid"]
+    assert result.ok and result.counters.worker_restarts >= 1
+    assert seen["recovered_at"] is not None, "the replacement never joined"  # training went on with both
+    assert result.counters.env_steps < 2_000_000
 
 
 def test_a_users_module_class_environment_trains(local_ray, job_dict, tmp_path):
