@@ -57,6 +57,7 @@ EXTRA_RESOURCES = dict([
     _resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     _resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     _resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+    _resource("apps", "v1", "deployments", "Deployment", True, {"deploy"}),
 ])
 
 
@@ -225,6 +226,23 @@ class OneNodeCluster:
             return pod if conditions.get("Ready") == "True" else None
 
         return wait_until(ready, timeout, 0.2, f"pod {namespace}/{name} Ready")
+
+    def stamp_deployment(self, namespace: str, name: str) -> list[str]:
+        """What a Deployment's ReplicaSet would do, once: its replicas as Pods (owned by the Deployment,
+        so they go with it). The emulator runs no controllers; returns the pod names."""
+        deployment = self.cluster.get("deployments", name, namespace)
+        template = json.loads(json.dumps(deployment["spec"]["template"]))
+        owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                 "uid": deployment["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+        pods = []
+        for i in range(int(deployment["spec"].get("replicas", 1))):
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {**template.get("metadata", {}), "name": f"{name}-{self.id}-{i}",
+                                "namespace": namespace, "ownerReferences": [owner]},
+                   "spec": template["spec"]}
+            self.cluster.create(pod)
+            pods.append(pod["metadata"]["name"])
+        return pods
 
     def bed_containers(self, running_only: bool = True) -> list[str]:
         """Names of this bed's pod containers (the gateway holder excluded)."""

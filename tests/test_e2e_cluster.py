@@ -18,6 +18,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,13 @@ class Watch:
         return self.lines
 
 
+def http_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
 def job_containers(bed: OneNodeCluster, job: str) -> list[str]:
     return [n for n in bed.bed_containers(running_only=False) if f"_{job}-" in n and f"_{NS}_" in n]
 
@@ -126,7 +134,8 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     # Checkpoints every 10 iterations (of ~100): the checkpoint-age panel has a checkpoint to show while
     # the learner is still being scraped, not only the final one written just before it exits.
     job = example("cartpole-ppo.yaml", **{"checkpointing.volume.claimName": "cartpole-checkpoints",
-                                          "checkpointing.intervalIterations": 10})
+                                          "checkpointing.intervalIterations": 10,
+                                          "serving": {"replicas": 1}})
     apply(bed, claim("cartpole-checkpoints"))
     watch = Watch(bed, "cartpole-ppo")
     started = time.time()
@@ -173,7 +182,22 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
              if not has_finite_value(bed.prometheus_query(expr, at=scraped_at))}
     assert not empty, f"dashboard panels without data: {json.dumps(empty, indent=1)}"
 
+    # spec.serving: once the job succeeded, the operator made a Deployment serving the policy from the
+    # claim. Its pod (stamped as a ReplicaSet would) runs the trainer image, restricted, and answers.
+    assert status["servingEndpoint"] == f"http://cartpole-ppo-serving.{NS}.svc:8000", status
+    bed.cluster.wait_for("deployments", "cartpole-ppo-serving", namespace=NS, timeout=60)
+    (serving_pod,) = bed.stamp_deployment(NS, "cartpole-ppo-serving")
+    ip = bed.wait_pod_ready(NS, serving_pod, 180)["status"]["podIP"]  # readiness: /v2/health/ready
+    answer = http_json(f"http://{ip}:8000/act", {"observation": [0.0, 0.0, 0.15, 1.0]})
+    assert answer["action"] == 1, answer  # pole leaning and falling right: push right
+    infer = http_json(f"http://{ip}:8000/v2/models/cartpole-ppo/infer", {"inputs": [
+        {"name": "observation", "shape": [2, 4], "datatype": "FP32",
+         "data": [0.0, 0.0, 0.15, 1.0, 0.0, 0.0, -0.15, -1.0]}]})
+    assert infer["outputs"][0]["data"] == [1, 0], infer
+
     delete_and_check_nothing_left(bed, "cartpole-ppo")
+    assert bed.cluster.get("deployments", "cartpole-ppo-serving", NS) is None
+    assert not [n for n in bed.bed_containers(running_only=False) if "cartpole-ppo-serving" in n]
     assert (run_dir / "summary.json").exists(), "the claim's data must outlive the job"
 
 
