@@ -132,12 +132,20 @@ class Api:
                 return None
             raise
 
-    def delete(self, path: str, grace: int | None = None) -> None:
-        body = None if grace is None else {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace}
+    def delete(self, path: str, grace: int | None = None, uid: str | None = None) -> None:
+        """DELETE; with `uid`, only that object (a kubelet's last word on a pod must not remove a
+        new pod of the same name: 409 then, and nothing is deleted)."""
+        body: dict[str, Any] | None = None
+        if grace is not None or uid is not None:
+            body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+            if grace is not None:
+                body["gracePeriodSeconds"] = grace
+            if uid is not None:
+                body["preconditions"] = {"uid": uid}
         try:
             self.request("DELETE", path, body)
         except urllib.error.HTTPError as exc:
-            if exc.code != 404:
+            if exc.code not in (404, 409):
                 raise
 
     def watch(self, path: str, resource_version: str, stop: threading.Event) -> Iterator[Body]:
@@ -643,7 +651,8 @@ class NodeAgent:
                     runner.terminating.set()
                     threading.Thread(target=self._terminate, args=(runner,), daemon=True).start()
                 elif runner is None and event_type != "DELETED":  # never ran here: nothing to stop
-                    self.api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", grace=0)
+                    self.api.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", grace=0,
+                                    uid=uid)
                 return
             if runner is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 return
@@ -667,7 +676,7 @@ class NodeAgent:
             self.pods.pop(runner.uid, None)
         self.refresh_hosts(runner.ns)
         # The kubelet's last word: the containers are gone, so is the pod.
-        self.api.delete(f"/api/v1/namespaces/{runner.ns}/pods/{runner.name}", grace=0)
+        self.api.delete(f"/api/v1/namespaces/{runner.ns}/pods/{runner.name}", grace=0, uid=runner.uid)
 
     def pod_finished(self, runner: PodRunner) -> None:
         self.refresh_hosts(runner.ns)

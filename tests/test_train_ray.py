@@ -242,3 +242,22 @@ def test_ppo_learns_cartpole(job_dict, tmp_path):
     assert result.reason == "target_return", f"mean return {result.mean_return} after {result.counters.env_steps} steps"
     assert result.mean_return >= 195
     assert result.evaluation["deterministic"]["mean_return"] >= 195
+
+
+def test_sigterm_saves_a_checkpoint_and_skips_the_evaluation_its_dying_workers_could_not_run(
+        local_ray, job_dict, tmp_path):
+    # A learner pod being deleted (kubectl delete, suspend, a new Ray head) gets SIGTERM while its
+    # rollout workers go too: it must save the iteration it reached and exit, not evaluate and fail.
+    job = parse_job(short_job(job_dict, maxEnvSteps=2_000_000))
+
+    def observe(row, loop):
+        if row["iteration"] == 3:
+            for handle in loop.workers.ready():
+                ray.kill(handle.actor, no_restart=True)
+            loop.stop_signal["set"] = True
+
+    result = train(job, TrainOptions(run_dir=tmp_path, workers=2, metrics_port=0, progress=False,
+                                     shutdown_ray=False, on_iteration=observe))
+    assert result.ok and result.reason == "signal" and result.evaluation == {}
+    newest = sorted((tmp_path / "checkpoints").glob("ckpt-*.pt"))[-1]
+    assert newest.name == f"ckpt-{result.counters.iterations:09d}.pt"

@@ -183,10 +183,17 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         collected = counters.learner_wait - wait_before
         timeline.mark_split("collection", collected, "learning")
         report.training_done()  # the learning curve is drawn in the background while the workers evaluate
-        evaluation = loop.evaluate() if spec.evaluation.enabled else {}
-        timeline.mark("evaluation")
-        loop.checkpoint(force=True)
-        metrics.set("kuberl_job_finished", 1)
+        if reason == "signal":
+            # SIGTERM: the pod is being deleted (kubectl delete, suspend, a new Ray head) and its rollout
+            # workers with it. Training is not over: save it and leave within the grace period; an
+            # evaluation here would outlive the workers, fail, and lose the checkpoint.
+            loop.checkpoint(force=True)
+            evaluation = {}
+        else:
+            evaluation = loop.evaluate() if spec.evaluation.enabled else {}
+            timeline.mark("evaluation")
+            loop.checkpoint(force=True)
+            metrics.set("kuberl_job_finished", 1)
         mean_return = float(np.mean(recent_returns)) if recent_returns else None
         report.finish(counters.as_dict(), mean_return, evaluation, reason, ray_seconds, timeline)
         metrics.write_termination_message()
