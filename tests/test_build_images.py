@@ -95,7 +95,7 @@ def test_dry_run_defaults_to_the_chart_tags(offline_host: dict[str, pathlib.Path
     assert result.returncode == 0, result.stdout + result.stderr
     lines = builds(result.stdout)
     chart = (REPO / "charts" / "kuberl-operator" / "Chart.yaml").read_text()
-    app_version = re.search(r'^appVersion: "?([^"\n]+)"?', chart, re.M)[1]
+    app_version = re.search(r'^appVersion: "?([^"\n]+)"?', chart, re.MULTILINE)[1]
     names = (REPO / "operator" / "kuberl" / "operator" / "names.py").read_text()
     default_trainer = re.search(r'DEFAULT_TRAINER_IMAGE = "([^"]+)"', names)[1]
     assert f"-t ghcr.io/kuberl/kuberl-operator:{app_version} " in lines["operator"]
