@@ -35,7 +35,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from cluster_bed import OneNodeCluster, ensure_images  # noqa: E402
+from cluster_bed import OneNodeCluster, ensure_images
 
 NS = "bench"
 JOB_FILE = REPO / "examples" / "cartpole-ppo.yaml"

@@ -27,7 +27,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kmock
@@ -43,7 +43,7 @@ OPERATOR_NAMESPACE = "kuberl-system"
 BED_LABEL = "kuberl.dev/test-bed"
 
 
-def _resource(group: str, version: str, plural: str, kind: str, namespaced: bool, short: set[str] = set()
+def _resource(group: str, version: str, plural: str, kind: str, namespaced: bool, short: tuple[str, ...] = ()
               ) -> tuple[kmock.resource, kmock.ResourceInfo]:
     return kmock.resource(group, version, plural), kmock.ResourceInfo(
         kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=ALL_VERBS, shortnames=set(short),
@@ -52,12 +52,12 @@ def _resource(group: str, version: str, plural: str, kind: str, namespaced: bool
 
 #: What `helm template` of the chart and the operator's children need beyond the emulator's built-ins.
 EXTRA_RESOURCES = dict([
-    _resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, {"netpol"}),
+    _resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ("netpol",)),
     _resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
     _resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     _resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
     _resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
-    _resource("apps", "v1", "deployments", "Deployment", True, {"deploy"}),
+    _resource("apps", "v1", "deployments", "Deployment", True, ("deploy",)),
 ])
 
 
@@ -301,7 +301,7 @@ class OneNodeCluster:
         bed = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 body = json.dumps(pod_targets(bed.cluster.list("pods", all_namespaces=True))).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -397,6 +397,25 @@ def _stop_process(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@contextlib.contextmanager
+def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeCluster]:
+    """A bed for a test module: fails in CI when podman is missing (skips elsewhere), builds the images
+    when their inputs changed, and checks at the end that the node agent itself saw no error."""
+    import pytest
+    from tools import in_ci
+
+    reason = podman_ready()
+    if reason:
+        if in_ci():
+            pytest.fail(f"the end-to-end bed cannot run: {reason}")
+        pytest.skip(reason)
+    ensure_images()
+    with OneNodeCluster(workdir, **options) as running:
+        print(f"end-to-end mode: podman containers on network {running.network}")
+        yield running
+        assert not running.agent.errors, running.agent.errors
 
 
 def podman_ready() -> str | None:

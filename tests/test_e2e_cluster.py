@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_bed import OneNodeCluster, ensure_images, podman_ready
+from cluster_bed import OneNodeCluster, bed_for_tests
 from node_agent import wait_until
-from tools import in_ci
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "ml-jobs"
@@ -35,16 +34,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    reason = podman_ready()
-    if reason:
-        if in_ci():
-            pytest.fail(f"the end-to-end bed cannot run: {reason}")
-        pytest.skip(reason)
-    ensure_images()
-    with OneNodeCluster(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True) as running:
-        print(f"end-to-end mode: podman containers on network {running.network}")
+    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True) as running:
         yield running
-        assert not running.agent.errors, running.agent.errors
 
 
 def example(name: str, **spec_changes) -> dict:

@@ -150,7 +150,7 @@ def test_service_names_resolve_to_their_pods_and_readiness_follows_the_probe(nod
 
 
 def test_restart_policy_on_failure_restarts_and_keeps_the_previous_log(node):
-    cluster, agent = node
+    cluster, _ = node
     cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "flaky"}, "spec": {}})
     script = """
 import os, sys
