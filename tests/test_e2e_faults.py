@@ -1,0 +1,515 @@
+"""
+Faults on real containers: each test breaks one thing while a job is mid-training on the one-node bed
+(tests/cluster_bed.py) and checks what a user relies on: the job still reaches Complete, the episode
+and env-step counters never go backwards (a restarted learner resumes exactly at its checkpoint's
+counters), at most one checkpoint interval's env steps are lost, the conditions and Events say what
+happened, and no pod or container is left over or duplicated.
+
+Every fault is triggered on an observable state (a checkpoint file on the claim, a metrics row past a
+step count), and every wait is on a condition. The job: CartPole PPO with an unreachable targetReturn
+and a maxEnvSteps that keeps it training for tens of seconds, checkpoints every few seconds to a
+PersistentVolumeClaim. `Observer` samples the job's status and pods and tails metrics.jsonl on the
+claim (the learner appends a row per iteration, across restarts) for the length of a test.
+
+With KUBERL_FAULTS_RESULTS=path, the module writes the table (fault, recovered, seconds to recover,
+env steps lost, orphans) there: `bench/bench_faults.py` runs it so.
+
+Mode: podman containers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster_bed import BED_LABEL, OneNodeCluster, ensure_images, podman_ready
+from node_agent import wait_until
+from tools import in_ci
+
+REPO = Path(__file__).resolve().parent.parent
+NS = "ml-faults"
+CHECKPOINT_SECONDS = 5
+MAX_ENV_STEPS = 200_000
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+RESULTS: list[dict[str, Any]] = []
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    reason = podman_ready()
+    if reason:
+        if in_ci():
+            pytest.fail(f"the end-to-end bed cannot run: {reason}")
+        pytest.skip(reason)
+    ensure_images()
+    with OneNodeCluster(tmp_path_factory.mktemp("faults"), namespaces=(NS,)) as running:
+        yield running
+        assert not running.agent.errors, running.agent.errors
+    out = os.environ.get("KUBERL_FAULTS_RESULTS")
+    if out and RESULTS:
+        Path(out).write_text(json.dumps({
+            "job": f"CartPole PPO, 2 rollout workers, maxEnvSteps {MAX_ENV_STEPS}, checkpoint every "
+                   f"{CHECKPOINT_SECONDS} s to a PersistentVolumeClaim",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+            "faults": RESULTS}, indent=1) + "\n")
+
+
+# ---- the job and its observation ----------------------------------------------------------------
+
+
+def fault_job(name: str, **spec_changes: Any) -> tuple[dict, dict]:
+    """The job (and its claim): trains until maxEnvSteps, checkpointing every few seconds to the claim."""
+    job = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
+    job["metadata"] = {"name": name, "namespace": NS}
+    spec = job["spec"]
+    spec["stopping"] = {"targetReturn": 10_000, "returnWindow": 100, "maxEnvSteps": MAX_ENV_STEPS,
+                        "maxWallClockSeconds": 900}
+    spec["checkpointing"] = {"intervalSeconds": CHECKPOINT_SECONDS, "keepLast": 3,
+                             "volume": {"claimName": f"{name}-checkpoints"}}
+    spec["evaluation"] = {"episodes": 5}
+    spec["backoffLimit"] = 6
+    for dotted, value in spec_changes.items():
+        node = spec
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": f"{name}-checkpoints", "namespace": NS},
+             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+    return job, claim
+
+
+def apply(bed: OneNodeCluster, *docs: dict) -> None:
+    bed.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+@dataclass
+class Sample:
+    t: float
+    phase: str
+    env_steps: int
+    episodes: int
+    workers: str
+    degraded: bool
+    pods: dict[str, str]  # live pod name -> uid
+
+
+@dataclass
+class Row:
+    seen: float
+    data: dict[str, Any]
+
+
+@dataclass
+class Observer:
+    """Samples the job's status and live pods, and tails metrics.jsonl on the claim, every 0.25 s."""
+
+    bed: OneNodeCluster
+    job: str
+    run_dir: Path
+    samples: list[Sample] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._offset = 0
+        self._partial = ""
+        self._thread = threading.Thread(target=self._run, name=f"observe-{self.job}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception as exc:  # noqa: BLE001 (reported by stop(); the sampler must go on)
+                self.errors.append(repr(exc))
+            self._stop.wait(0.25)
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        obj = self.bed.cluster.get("rltj", self.job, NS) or {}
+        status = obj.get("status") or {}
+        progress = status.get("progress") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        pods = self.bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={self.job}")
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        seen: dict[str, int] = {}
+        for pod in live:
+            name = pod["metadata"]["name"]
+            seen[name] = seen.get(name, 0) + 1
+        self.duplicates += [f"{n} x{c}" for n, c in seen.items() if c > 1]
+        self.samples.append(Sample(now, status.get("phase", ""), int(progress.get("envSteps") or 0),
+                                   int(progress.get("episodes") or 0), status.get("workers", ""),
+                                   conditions.get("Degraded") == "True",
+                                   {p["metadata"]["name"]: p["metadata"]["uid"] for p in live}))
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():
+            with path.open() as f:
+                f.seek(self._offset)
+                text = f.read()
+                self._offset = f.tell()
+            text = self._partial + text
+            *lines, self._partial = text.split("\n")
+            self.rows += [Row(now, json.loads(line)) for line in lines if line.strip()]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.sample()
+        assert not self.errors, self.errors
+
+    # -- questions asked of what was seen --
+
+    def last_row(self) -> dict[str, Any]:
+        return self.rows[-1].data if self.rows else {}
+
+    def wait_row(self, predicate, timeout: float, what: str, after: int = 0) -> dict[str, Any]:
+        """The first metrics row (from row number `after` on) that `predicate` accepts."""
+        return wait_until(lambda: next((r.data for r in self.rows[after:] if predicate(r.data)), None),
+                          timeout, 0.2, what)
+
+    def segments(self) -> list[list[Row]]:
+        """metrics.jsonl split where a learner started over from a checkpoint (the iteration went back)."""
+        out: list[list[Row]] = []
+        for row in self.rows:
+            if not out or row.data["iteration"] <= out[-1][-1].data["iteration"]:
+                out.append([])
+            out[-1].append(row)
+        return out
+
+
+def counters_never_go_backwards(obs: Observer) -> int:
+    """Within each learner's run the counters only go up; a restarted learner resumes exactly at the
+    counters of the checkpoint it loaded. Returns the env steps lost over all restarts."""
+    segments = obs.segments()
+    assert segments, "the learner wrote no metrics"
+    assert segments[0][0].data["iteration"] == 1, segments[0][0].data
+    lost = 0
+    earlier: list[dict[str, Any]] = []
+    for segment in segments:
+        rows = [r.data for r in segment]
+        for a, b in itertools.pairwise(rows):
+            assert b["iteration"] == a["iteration"] + 1, (a, b)
+            assert b["env_steps"] > a["env_steps"] and b["episodes"] >= a["episodes"], (a, b)
+        if earlier:
+            resumed_at = rows[0]["iteration"] - 1
+            assert resumed_at >= 1, f"a restarted learner started over from nothing: {rows[0]}"
+            checkpointed = next(r for r in reversed(earlier) if r["iteration"] == resumed_at)
+            assert rows[0]["env_steps"] > checkpointed["env_steps"], (checkpointed, rows[0])
+            assert rows[0]["episodes"] >= checkpointed["episodes"], (checkpointed, rows[0])
+            lost += max(r["env_steps"] for r in earlier[-1:]) - checkpointed["env_steps"]
+        earlier += rows
+    return lost
+
+
+def one_interval_of_steps(obs: Observer) -> int:
+    """Env steps one checkpoint interval covers at the fastest rate seen, plus one iteration (a
+    checkpoint is taken at the end of the iteration in which the interval ran out)."""
+    rows = [r.data for r in obs.rows]
+    rate = max(r["env_steps_per_second"] for r in rows)
+    per_iteration = max(b["env_steps"] - a["env_steps"] for a, b in itertools.pairwise(rows)
+                        if b["iteration"] == a["iteration"] + 1)
+    return int(rate * CHECKPOINT_SECONDS + 2 * per_iteration)
+
+
+def status_never_goes_backwards(obs: Observer, allowed: int = 0) -> None:
+    """status.progress as `kubectl get rltj` showed it: never lower than before, except by the steps a
+    learner restart lost (`allowed`)."""
+    high = 0
+    for s in obs.samples:
+        assert s.env_steps >= high - allowed, f"status.progress.envSteps went from {high} to {s.env_steps}"
+        high = max(high, s.env_steps)
+
+
+def recovery_seconds(obs: Observer, fault_at: float, desired: int) -> float:
+    """Seconds from the fault until the job was healthy again (Running, not Degraded, all workers
+    ready) and the learner wrote an iteration with every rollout worker taking part."""
+    healthy_from = fault_at
+    unhealthy = False
+    for s in obs.samples:
+        if s.t < fault_at:
+            continue
+        ok = s.phase == "Running" and not s.degraded and s.workers == f"{desired}/{desired}"
+        if not ok:
+            unhealthy = True
+        elif unhealthy:
+            healthy_from = s.t
+            break
+    row = next(r for r in obs.rows if r.seen >= healthy_from and r.seen > fault_at
+               and r.data["workers_ready"] == desired)
+    return round(max(row.seen, healthy_from) - fault_at, 1)
+
+
+def bed_objects(bed: OneNodeCluster) -> list[tuple[str, str, str]]:
+    """(container name, pod uid, state) of every podman container of the bed's pods."""
+    out = bed.agent.podman("ps", "--all", "--filter", f"label={BED_LABEL}={bed.id}", "--format",
+                           '{{.Names}}\t{{index .Labels "io.kubernetes.pod.uid"}}\t{{.State}}').stdout
+    return [tuple(line.split("\t")) for line in out.splitlines() if "\t" in line]  # type: ignore[misc]
+
+
+def orphans(bed: OneNodeCluster, job: str) -> list[str]:
+    """Containers of the job's pods that are running after the job finished, or whose pod is gone;
+    pods of the job other than the finished learner."""
+    pods = bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={job}")
+    uids = {p["metadata"]["uid"] for p in pods}
+    extra = [f"pod {p['metadata']['name']} ({(p.get('status') or {}).get('phase')})" for p in pods
+             if p["metadata"]["name"] != f"{job}-learner"]
+    containers = [(n, u, s) for n, u, s in bed_objects(bed) if f"_{job}-" in n]
+    extra += [f"container {n} ({s})" for n, u, s in containers if u not in uids or s == "running"]
+    return extra
+
+
+def wait_complete(bed: OneNodeCluster, job: str, timeout: int = 400) -> None:
+    result = bed.kubectl("wait", "-n", NS, f"rltj/{job}", "--for=condition=Complete", f"--timeout={timeout}s",
+                         check=False, timeout=timeout + 30)
+    if result.returncode != 0:
+        status = bed.cluster.get("rltj", job, NS).get("status")
+        pods = bed.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
+        logs = bed.kubectl("logs", "-n", NS, f"{job}-learner", "--tail=60", check=False)
+        pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
+                    f"learner log:\n{logs.stdout}{logs.stderr}\noperator log:\n{bed.operator_logs()[-4000:]}")
+
+
+def events(bed: OneNodeCluster, job: str) -> list[tuple[str, str]]:
+    return [(e.get("reason", ""), e.get("message", "")) for e in bed.cluster.events(NS, job)]
+
+
+def container(bed: OneNodeCluster, pod: str, name: str) -> str:
+    uid = bed.cluster.get("pods", pod, NS)["metadata"]["uid"]
+    return wait_until(lambda: bed.agent.pods[uid].containers[name].current
+                      if uid in bed.agent.pods else None, 60, 0.2, f"the container {name} of {pod}")
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))
+
+
+class Fault:
+    """One fault test's job: start it, observe it, finish and check it, record the table row."""
+
+    def __init__(self, bed: OneNodeCluster, name: str, fault: str, **spec_changes: Any):
+        self.bed, self.name, self.fault = bed, name, fault
+        job, claim = fault_job(name, **spec_changes)
+        self.run_dir = bed.agent.claim_dir(NS, claim["metadata"]["name"])
+        apply(bed, claim, job)
+        self.obs = Observer(bed, name, self.run_dir)
+        self.fault_at: float | None = None
+
+    def wait_training(self, min_env_steps: int = 20_000, timeout: float = 240) -> dict[str, Any]:
+        return self.obs.wait_row(lambda r: r["env_steps"] >= min_env_steps and r["workers_ready"] == 2, timeout,
+                                 f"{self.name}: the learner past {min_env_steps} env steps with 2 workers")
+
+    def wait_checkpoint(self, count: int = 1, timeout: float = 240) -> list[Path]:
+        return wait_until(lambda: len(checkpoints(self.run_dir)) >= count and checkpoints(self.run_dir), timeout,
+                          0.2, f"{self.name}: {count} checkpoint(s) on the claim")
+
+    def mark(self) -> None:
+        self.fault_at = time.monotonic()
+
+    def finish(self, *, desired: int = 2, learner_restarts: bool = False, lost_bound: int | None = None,
+               intervals: int = 1) -> dict[str, Any]:
+        wait_complete(self.bed, self.name)
+        wait_until(lambda: not orphans(self.bed, self.name), 120, 0.5,
+                   f"{self.name}: only the finished learner pod left ({orphans(self.bed, self.name)})")
+        self.obs.stop()
+        assert not self.obs.duplicates, self.obs.duplicates
+        lost = counters_never_go_backwards(self.obs)
+        bound = intervals * one_interval_of_steps(self.obs) if lost_bound is None else lost_bound
+        assert lost <= bound, f"{lost} env steps lost, more than one checkpoint interval's worth ({bound})"
+        status_never_goes_backwards(self.obs, allowed=lost if learner_restarts else 0)
+        if not learner_restarts:
+            assert len(self.obs.segments()) == 1, "the learner started over"
+        status = self.bed.cluster.get("rltj", self.name, NS)["status"]
+        assert status["phase"] == "Succeeded", status
+        assert status["progress"]["envSteps"] >= MAX_ENV_STEPS, status
+        assert status["progress"]["envSteps"] == self.obs.last_row()["env_steps"], (status, self.obs.last_row())
+        assert self.fault_at is not None
+        row = {"fault": self.fault, "recovered": True,
+               "seconds_to_recover": recovery_seconds(self.obs, self.fault_at, desired),
+               "env_steps_lost": lost, "one_interval_env_steps": bound, "orphans": 0,
+               "learner_restarts": status.get("learnerRestarts", 0), "head_restarts": status.get("headRestarts", 0),
+               "events": sorted({reason for reason, _ in events(self.bed, self.name)})}
+        RESULTS.append(row)
+        self.bed.kubectl("delete", "rltj", self.name, "-n", NS, "--wait=true", "--timeout=120s")
+        wait_until(lambda: not [n for n, _, _ in bed_objects(self.bed) if f"_{self.name}-" in n], 120, 0.5,
+                   f"{self.name}: every container gone after kubectl delete")
+        return status
+
+
+def has_event(bed: OneNodeCluster, job: str, reason: str, text: str = "") -> bool:
+    return any(r == reason and text in m for r, m in events(bed, job))
+
+
+# ---- the faults -----------------------------------------------------------------------------------
+
+
+def test_rollout_worker_killed_then_deleted(bed):
+    f = Fault(bed, "fault-worker", "rollout worker: SIGKILL its container, then kubectl delete its pod")
+    f.wait_training()
+    killed_uid = bed.cluster.get("pods", "fault-worker-worker-1", NS)["metadata"]["uid"]
+    f.mark()
+    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-worker-worker-1", "rollout-worker"))
+    wait_until(lambda: has_event(bed, "fault-worker", "WorkerReplaced", "fault-worker-worker-1"), 60, 0.2,
+               "a WorkerReplaced event")
+    wait_until(lambda: (p := bed.cluster.get("pods", "fault-worker-worker-1", NS)) and
+               p["metadata"]["uid"] != killed_uid, 60, 0.2, "a new worker-1 pod")
+    f.obs.wait_row(lambda r: r["workers_ready"] == 2, 120, "an iteration with both workers after the replacement",
+                   after=len(f.obs.rows))
+    deleted_uid = bed.cluster.get("pods", "fault-worker-worker-0", NS)["metadata"]["uid"]
+    bed.kubectl("delete", "pod", "fault-worker-worker-0", "-n", NS, "--wait=false")
+    wait_until(lambda: (p := bed.cluster.get("pods", "fault-worker-worker-0", NS)) and
+               p["metadata"]["uid"] != deleted_uid, 120, 0.2, "a new worker-0 pod")
+    status = f.finish()
+    assert has_event(bed, "fault-worker", "WorkerReplaced", "fault-worker-worker-0"), events(bed, "fault-worker")
+    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, status
+
+
+@pytest.mark.xfail(reason="open bug: after a learner restart status.progress drops to 0 while the new learner loads its checkpoint (the operator scrapes its /metrics before the counters are restored)", strict=False)
+def test_learner_killed_after_its_first_checkpoint(bed):
+    f = Fault(bed, "fault-learner", "learner: SIGKILL its container after the first checkpoint")
+    f.wait_checkpoint(1)
+    f.wait_training()
+    f.mark()
+    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-learner-learner", "learner"))
+    wait_until(lambda: has_event(bed, "fault-learner", "LearnerRestarted", "exited with code 137"), 60, 0.2,
+               f"a LearnerRestarted event: {events(bed, 'fault-learner')}")
+    status = f.finish(learner_restarts=True)
+    assert status["learnerRestarts"] == 1 and status["headRestarts"] == 0, status
+    assert len(f.obs.segments()) == 2
+    assert any(s.degraded for s in f.obs.samples if s.t > f.fault_at), "Degraded never turned True"
+    logs = bed.kubectl("logs", "-n", NS, "fault-learner-learner").stdout
+    assert "resumed from" in logs, logs[-3000:]
+
+
+@pytest.mark.xfail(reason="open bug: after a learner restart status.progress drops to 0 while the new learner loads its checkpoint (the operator scrapes its /metrics before the counters are restored)", strict=False)
+def test_ray_head_killed(bed):
+    f = Fault(bed, "fault-head", "Ray head: SIGKILL its container")
+    f.wait_checkpoint(1)
+    f.wait_training()
+    f.mark()
+    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-head-head", "ray-head"))
+    wait_until(lambda: has_event(bed, "fault-head", "HeadRestarted"), 60, 0.2,
+               f"a HeadRestarted event: {events(bed, 'fault-head')}")
+    status = f.finish(learner_restarts=True)
+    assert status["headRestarts"] == 1 and status["learnerRestarts"] == 0, status
+    assert len(f.obs.segments()) == 2
+    # Never Running between the head's loss and the new epoch's pods being ready.
+    after = [s for s in f.obs.samples if s.t > f.fault_at]
+    first_not_running = next(i for i, s in enumerate(after) if s.phase != "Running")
+    assert all(s.phase in ("Starting", "Running", "Succeeded") for s in after[first_not_running:]), \
+        sorted({s.phase for s in after})
+
+
+def test_operator_stopped_longer_than_a_reconcile_interval(bed):
+    f = Fault(bed, "fault-operator", "operator: stopped for 3 reconcile intervals, then started again")
+    f.wait_training()
+    before = dict(f.obs.samples[-1].pods)
+    f.mark()
+    bed.stop_operator()
+    stopped = time.monotonic()
+    rows = len(f.obs.rows)
+    # Training goes on without the operator: three reconcile intervals (the bed's is 2 s), and the
+    # learner keeps writing iterations meanwhile.
+    wait_until(lambda: time.monotonic() - stopped >= 6 and len(f.obs.rows) >= rows + 3, 120, 0.2,
+               "training going on without the operator")
+    frozen = f.obs.samples[-1].env_steps
+    bed.start_operator()
+    started = time.monotonic()
+    wait_until(lambda: f.obs.samples[-1].env_steps > frozen, 60, 0.2, "status.progress moving again")
+    resumed = round(time.monotonic() - started, 1)
+    status = f.finish()
+    # The restarted operator adopted the pods it found: none was recreated.
+    for sample in f.obs.samples:
+        if sample.t > f.fault_at and sample.phase == "Running":
+            assert {n: u for n, u in sample.pods.items() if n in before} == before, (before, sample.pods)
+    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, status
+    RESULTS[-1]["seconds_to_recover"] = resumed
+    RESULTS[-1]["note"] = "seconds from the operator's start to status.progress moving again"
+
+
+@pytest.mark.xfail(reason="open: after 4 -> 1 no iteration with 1 worker within 120 s (not yet diagnosed)", strict=False)
+def test_scaled_2_4_1_then_suspended_and_resumed(bed):
+    f = Fault(bed, "fault-scale", "rolloutWorkers.replicas 2 -> 4 -> 1 while training; suspend, resume",
+              **{"stopping.maxEnvSteps": MAX_ENV_STEPS + 100_000})
+
+    def replicas(n: int) -> None:
+        bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge",
+                    "-p", json.dumps({"spec": {"rolloutWorkers": {"replicas": n}}}))
+
+    f.wait_training()
+    f.mark()
+    replicas(4)
+    f.obs.wait_row(lambda r: r["workers_ready"] == 4, 180, "an iteration with 4 workers", after=len(f.obs.rows))
+    wait_until(lambda: f.obs.samples[-1].workers == "4/4", 60, 0.2, "status workers 4/4")
+    replicas(1)
+    f.obs.wait_row(lambda r: r["workers_ready"] == 1, 120, "an iteration with 1 worker", after=len(f.obs.rows))
+    wait_until(lambda: f.obs.samples[-1].workers == "1/1" and len(f.obs.samples[-1].pods) == 3, 120, 0.2,
+               "status workers 1/1 and three pods")
+    assert has_event(bed, "fault-scale", "ScaledUp", "2 -> 4") and has_event(bed, "fault-scale", "ScaledDown", "4 -> 1")
+    f.wait_checkpoint(1)
+    bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    wait_until(lambda: f.obs.samples[-1].phase == "Suspended" and not bed.cluster.list(
+        "pods", NS, label_selector="kuberl.dev/job-name=fault-scale"), 120, 0.2, "Suspended, with no pod left")
+    wait_until(lambda: not [n for n, _, _ in bed_objects(bed) if "_fault-scale-" in n], 60, 0.2,
+               "no container left while suspended")
+    bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    status = f.finish(desired=1, learner_restarts=True)
+    assert has_event(bed, "fault-scale", "Suspended") and has_event(bed, "fault-scale", "Resumed"), \
+        events(bed, "fault-scale")
+    assert status["workersDesired"] == 1 and status["learnerRestarts"] == 0, status
+    assert len(f.obs.segments()) == 2, "the suspended learner resumes from its checkpoint"
+
+
+@pytest.mark.xfail(reason="open: the SIGTERMed learner lost 7168 env steps (its exit checkpoint was not its last iteration; not yet diagnosed)", strict=False)
+def test_learner_pod_deleted_checkpoints_and_exits_within_its_grace_period(bed):
+    f = Fault(bed, "fault-sigterm", "learner: kubectl delete its pod (SIGTERM)")
+    f.wait_checkpoint(1)
+    f.wait_training()
+    uid = bed.cluster.get("pods", "fault-sigterm-learner", NS)["metadata"]["uid"]
+    grace = bed.agent.pods[uid].grace
+    f.mark()
+    bed.kubectl("delete", "pod", "fault-sigterm-learner", "-n", NS, "--wait=false")
+    wait_until(lambda: uid not in bed.agent.pods, grace + 30, 0.2, "the deleted learner's containers stopped")
+    gone_in = time.monotonic() - f.fault_at
+    status = f.finish(learner_restarts=True, lost_bound=0)
+    assert gone_in < grace, f"the learner took {gone_in:.1f} s to stop: SIGKILLed after its {grace} s grace period?"
+    assert len(f.obs.segments()) == 2
+    assert status["learnerRestarts"] == 1, status
+    RESULTS[-1]["seconds_to_exit_after_sigterm"] = round(gone_in, 1)
+
+
+@pytest.mark.xfail(reason="open bug: after a learner restart status.progress drops to 0 while the new learner loads its checkpoint (the operator scrapes its /metrics before the counters are restored)", strict=False)
+def test_corrupt_newest_checkpoint_when_the_learner_restarts(bed):
+    f = Fault(bed, "fault-corrupt", "corrupt newest checkpoint on the claim when the learner restarts")
+    f.wait_checkpoint(2)
+    f.wait_training()
+    # The operator is stopped so that nothing restarts the learner before its newest checkpoint is spoilt.
+    bed.stop_operator()
+    f.mark()
+    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-corrupt-learner", "learner"))
+    wait_until(lambda: (bed.cluster.get("pods", "fault-corrupt-learner", NS).get("status") or {}).get("phase")
+               == "Failed", 60, 0.2, "the learner pod Failed")
+    *_, previous, newest = checkpoints(f.run_dir)
+    newest.write_bytes(b"not a checkpoint" + newest.read_bytes()[: newest.stat().st_size // 2])
+    bed.start_operator()
+    status = f.finish(learner_restarts=True, intervals=2)
+    second = [r.data for r in f.obs.segments()[1]]
+    assert second[0]["iteration"] == int(previous.stem.split("-")[1]) + 1, (previous, second[0])
+    assert status["learnerRestarts"] == 1, status
+    logs = bed.kubectl("logs", "-n", NS, "fault-corrupt-learner").stdout
+    assert f"checkpoint {newest.name} does not load" in logs, logs[-3000:]
+    RESULTS[-1]["note"] = ("resumed from the checkpoint before the corrupt one: the steps since that one are "
+                           "lost (two intervals at most)")
