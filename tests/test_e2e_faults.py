@@ -43,6 +43,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 RESULTS: list[dict[str, Any]] = []
 
+def open_fault(reason: str):
+    """A fault whose recovery is an open bug (README, "Faults, on real containers"). It runs, and must
+    pass, under bench/bench_faults.py (KUBERL_FAULTS_ALL=1), which writes the table; CI skips it rather
+    than spend minutes on a known failure, and a fix turns it into a plain test."""
+    return pytest.mark.skipif(os.environ.get("KUBERL_FAULTS_ALL") != "1", reason=f"{reason}; "
+                              "run it with bench/bench_faults.py (KUBERL_FAULTS_ALL=1)")
+
+
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
@@ -377,7 +385,8 @@ def test_rollout_worker_killed_then_deleted(bed):
     assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, status
 
 
-@pytest.mark.xfail(reason="open bug: after a learner restart status.progress drops to 0 while the new learner loads its checkpoint (the operator scrapes its /metrics before the counters are restored)", strict=False)
+@open_fault("status.progress dropped to 0 after a learner restart (its /metrics served zeros while it restored "
+            "its checkpoint); the operator now ignores such reports (unit-tested), not yet re-run on containers")
 def test_learner_killed_after_its_first_checkpoint(bed):
     f = Fault(bed, "fault-learner", "learner: SIGKILL its container after the first checkpoint")
     f.wait_checkpoint(1)
@@ -394,7 +403,8 @@ def test_learner_killed_after_its_first_checkpoint(bed):
     assert "resumed from" in logs, logs[-3000:]
 
 
-@pytest.mark.xfail(reason="open bug: after a learner restart status.progress drops to 0 while the new learner loads its checkpoint (the operator scrapes its /metrics before the counters are restored)", strict=False)
+@open_fault("status.progress dropped to 0 after a learner restart (its /metrics served zeros while it restored "
+            "its checkpoint); the operator now ignores such reports (unit-tested), not yet re-run on containers")
 def test_ray_head_killed(bed):
     f = Fault(bed, "fault-head", "Ray head: SIGKILL its container")
     f.wait_checkpoint(1)
@@ -440,7 +450,7 @@ def test_operator_stopped_longer_than_a_reconcile_interval(bed):
     RESULTS[-1]["note"] = "seconds from the operator's start to status.progress moving again"
 
 
-@pytest.mark.xfail(reason="open: after 4 -> 1 no iteration with 1 worker within 120 s (not yet diagnosed)", strict=False)
+@open_fault("open: after 4 -> 1 no iteration with 1 worker within 120 s (not yet diagnosed)")
 def test_scaled_2_4_1_then_suspended_and_resumed(bed):
     f = Fault(bed, "fault-scale", "rolloutWorkers.replicas 2 -> 4 -> 1 while training; suspend, resume",
               **{"stopping.maxEnvSteps": MAX_ENV_STEPS + 100_000})
@@ -473,7 +483,7 @@ def test_scaled_2_4_1_then_suspended_and_resumed(bed):
     assert len(f.obs.segments()) == 2, "the suspended learner resumes from its checkpoint"
 
 
-@pytest.mark.xfail(reason="open: the SIGTERMed learner lost 7168 env steps (its exit checkpoint was not its last iteration; not yet diagnosed)", strict=False)
+@open_fault("open: the SIGTERMed learner lost 7168 env steps (its exit checkpoint was not its last iteration; not yet diagnosed)")
 def test_learner_pod_deleted_checkpoints_and_exits_within_its_grace_period(bed):
     f = Fault(bed, "fault-sigterm", "learner: kubectl delete its pod (SIGTERM)")
     f.wait_checkpoint(1)
@@ -491,7 +501,8 @@ def test_learner_pod_deleted_checkpoints_and_exits_within_its_grace_period(bed):
     RESULTS[-1]["seconds_to_exit_after_sigterm"] = round(gone_in, 1)
 
 
-@pytest.mark.xfail(reason="open bug: after a learner restart status.progress drops to 0 while the new learner loads its checkpoint (the operator scrapes its /metrics before the counters are restored)", strict=False)
+@open_fault("status.progress dropped to 0 after a learner restart (its /metrics served zeros while it restored "
+            "its checkpoint); the operator now ignores such reports (unit-tested), not yet re-run on containers")
 def test_corrupt_newest_checkpoint_when_the_learner_restarts(bed):
     f = Fault(bed, "fault-corrupt", "corrupt newest checkpoint on the claim when the learner restarts")
     f.wait_checkpoint(2)

@@ -321,6 +321,17 @@ def test_learner_exit_0_succeeds_cleans_up_and_keeps_progress(sim):
     assert not sim.step().acted  # terminal: nothing more happens
 
 
+def test_a_restarted_learner_that_has_not_iterated_yet_does_not_send_progress_backwards(sim):
+    running(sim)
+    sim.step(report=st_.LearnerReport(Progress(episodes=300, env_steps=53_248, iterations=52), T0, False))
+    # The new learner serves /metrics while it starts Ray and restores its checkpoint: zeros until then.
+    sim.step(report=st_.LearnerReport(Progress(), None, False))
+    assert sim.status.progress.env_steps == 53_248 and sim.status.progress.iterations == 52
+    # Its first iteration continues from the checkpoint's counters: those are reported.
+    sim.step(report=st_.LearnerReport(Progress(episodes=310, env_steps=54_272, iterations=53), T0, False))
+    assert sim.status.progress.env_steps == 54_272
+
+
 def test_ttl_deletes_a_finished_job_when_due(sim):
     sim.job_dict["spec"]["ttlSecondsAfterFinished"] = 60
     running(sim)

@@ -181,6 +181,10 @@ def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | 
     st = status.model_copy(deep=True)
     p = Plan(status=st)
     before = Phase(st.phase)
+    # A restarted learner serves /metrics while it still starts Ray and restores its checkpoint: until
+    # its first iteration its counters read 0, and writing them would send the job's progress backwards.
+    if report is not None and report.progress.iterations == 0 and st.progress.iterations > 0:
+        report = None
     if report is not None:
         st.progress = report.progress
         if report.last_checkpoint_time is not None:
