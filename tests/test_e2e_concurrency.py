@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from cluster_bed import OneNodeCluster, ensure_images, podman_ready
+from cluster_bed import bed_for_tests
 from node_agent import wait_until
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_operator_integration import NS as EMULATOR_NS
 from test_operator_integration import cluster, start_operator  # noqa: F401 (fixtures)
-from tools import in_ci
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "ml-many"
@@ -30,15 +29,8 @@ NS = "ml-many"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    reason = podman_ready()
-    if reason:
-        if in_ci():
-            pytest.fail(f"the end-to-end bed cannot run: {reason}")
-        pytest.skip(reason)
-    ensure_images()
-    with OneNodeCluster(tmp_path_factory.mktemp("many"), namespaces=(NS,)) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("many"), namespaces=(NS,)) as running:
         yield running
-        assert not running.agent.errors, running.agent.errors
 
 
 def small_job(name: str, max_env_steps: int) -> list[dict]:

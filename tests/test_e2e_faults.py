@@ -30,9 +30,8 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_bed import BED_LABEL, OneNodeCluster, ensure_images, podman_ready
+from cluster_bed import BED_LABEL, OneNodeCluster, bed_for_tests
 from node_agent import wait_until
-from tools import in_ci
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "ml-faults"
@@ -54,15 +53,8 @@ def open_fault(reason: str):
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    reason = podman_ready()
-    if reason:
-        if in_ci():
-            pytest.fail(f"the end-to-end bed cannot run: {reason}")
-        pytest.skip(reason)
-    ensure_images()
-    with OneNodeCluster(tmp_path_factory.mktemp("faults"), namespaces=(NS,)) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("faults"), namespaces=(NS,)) as running:
         yield running
-        assert not running.agent.errors, running.agent.errors
     out = os.environ.get("KUBERL_FAULTS_RESULTS")
     if out and RESULTS:
         Path(out).write_text(json.dumps({
