@@ -356,6 +356,8 @@ def has_event(bed: OneNodeCluster, job: str, reason: str, text: str = "") -> boo
 # ---- the faults -----------------------------------------------------------------------------------
 
 
+@open_fault("in a full-suite run the replacement of a kubectl-deleted worker pod did not appear within 120 s "
+            "(the test passed when run alone): not yet diagnosed")
 def test_rollout_worker_killed_then_deleted(bed):
     f = Fault(bed, "fault-worker", "rollout worker: SIGKILL its container, then kubectl delete its pod")
     f.wait_training()
