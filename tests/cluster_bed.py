@@ -244,6 +244,19 @@ class OneNodeCluster:
             pods.append(pod["metadata"]["name"])
         return pods
 
+    def wait_complete(self, namespace: str, job: str, timeout: int) -> None:
+        """`kubectl wait --for=condition=Complete`; on failure, fail the test with what a user would look at."""
+        import pytest
+
+        result = self.kubectl("wait", "-n", namespace, f"rltj/{job}", "--for=condition=Complete",
+                              f"--timeout={timeout}s", check=False, timeout=timeout + 30)
+        if result.returncode != 0:
+            status = self.cluster.get("rltj", job, namespace).get("status")
+            pods = self.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+            logs = self.kubectl("logs", "-n", namespace, f"{job}-learner", "--tail=60", check=False)
+            pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
+                        f"learner log:\n{logs.stdout}{logs.stderr}\noperator log:\n{self.operator_logs()[-4000:]}")
+
     def bed_containers(self, running_only: bool = True) -> list[str]:
         """Names of this bed's pod containers (the gateway holder excluded)."""
         args = ["ps", "--format", "{{.Names}}", "--filter", f"label={BED_LABEL}={self.id}"]
@@ -399,10 +412,9 @@ def _stop_process(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-@contextlib.contextmanager
-def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeCluster]:
-    """A bed for a test module: fails in CI when podman is missing (skips elsewhere), builds the images
-    when their inputs changed, and checks at the end that the node agent itself saw no error."""
+def require_podman_and_images() -> None:
+    """For a test module on real containers: fail in CI when podman is missing (skip elsewhere), and
+    build the images when their inputs changed."""
     import pytest
     from tools import in_ci
 
@@ -412,6 +424,13 @@ def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeClus
             pytest.fail(f"the end-to-end bed cannot run: {reason}")
         pytest.skip(reason)
     ensure_images()
+
+
+@contextlib.contextmanager
+def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeCluster]:
+    """A bed for a test module: fails in CI when podman is missing (skips elsewhere), builds the images
+    when their inputs changed, and checks at the end that the node agent itself saw no error."""
+    require_podman_and_images()
     with OneNodeCluster(workdir, **options) as running:
         print(f"end-to-end mode: podman containers on network {running.network}")
         yield running

@@ -273,14 +273,7 @@ def orphans(bed: OneNodeCluster, job: str) -> list[str]:
 
 
 def wait_complete(bed: OneNodeCluster, job: str, timeout: int = 400) -> None:
-    result = bed.kubectl("wait", "-n", NS, f"rltj/{job}", "--for=condition=Complete", f"--timeout={timeout}s",
-                         check=False, timeout=timeout + 30)
-    if result.returncode != 0:
-        status = bed.cluster.get("rltj", job, NS).get("status")
-        pods = bed.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout
-        logs = bed.kubectl("logs", "-n", NS, f"{job}-learner", "--tail=60", check=False)
-        pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
-                    f"learner log:\n{logs.stdout}{logs.stderr}\noperator log:\n{bed.operator_logs()[-4000:]}")
+    bed.wait_complete(NS, job, timeout)
 
 
 def events(bed: OneNodeCluster, job: str) -> list[tuple[str, str]]:

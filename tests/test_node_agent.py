@@ -13,10 +13,9 @@ import json
 import time
 
 import pytest
-from cluster_bed import OPERATOR_IMAGE, ensure_images, podman_ready
+from cluster_bed import OPERATOR_IMAGE, require_podman_and_images
 from k8s_emulator import EmulatedCluster, KubernetesApiEmulator
 from node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
-from tools import in_ci
 
 pytestmark = [pytest.mark.e2e]
 
@@ -29,12 +28,7 @@ LOCKED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    reason = podman_ready()
-    if reason:
-        if in_ci():
-            pytest.fail(f"the node agent cannot run: {reason}")
-        pytest.skip(reason)
-    ensure_images()
+    require_podman_and_images()
     work = tmp_path_factory.mktemp("node")
     podman = Podman(work)
     subnet = free_subnet(podman, 77)
