@@ -547,10 +547,17 @@ class PodRunner:
                                   timeout=self.grace + 60)
 
     def remove_containers(self) -> None:
-        """The pod is gone: remove its containers (kept until now for their logs, as on a node)."""
+        """The pod is gone: remove its containers (kept until now for their logs, as on a node). With
+        KUBERL_BED_LOG_DIR set, each container's log is saved there first (for a post-mortem)."""
+        keep = os.environ.get("KUBERL_BED_LOG_DIR")
         for state in [*self.init_containers.values(), *self.containers.values()]:
             for name in (state.previous, state.current):
                 if name:
+                    if keep:
+                        out = self.agent.podman("logs", name, check=False)
+                        path = pathlib.Path(keep) / f"{name}.log"
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        path.write_text(out.stdout + out.stderr)
                     self.agent.podman("rm", "--force", "--time", "0", name, check=False)
         self.agent.podman("pod", "rm", "--force", "--time", "0", self.sandbox, check=False)
 

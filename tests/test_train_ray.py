@@ -8,7 +8,9 @@ import os
 import signal
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -117,6 +119,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _own_node_ports(node: int, temp_root: Path) -> list[str]:
+    """`ray start` flags giving one of several Ray nodes on one host ports and sockets no other node asks
+    for. Each node gets its own temp dir: nodes sharing one pick their plasma-store and raylet socket
+    names by "first free .N suffix", which two nodes starting at once both pick (seen: "bind: Address
+    already in use" in the plasma store, that raylet aborts, and a rollout slot joins late or never)."""
+    low = 20_000 + 1_000 * node
+    temp = temp_root / f"n{node}"
+    temp.mkdir(exist_ok=True)
+    return [f"--temp-dir={temp}", f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
+            f"--min-worker-port={low}", f"--max-worker-port={low + 999}"]
+
+
 def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -177,8 +193,13 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
     port = _free_port()
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.urandom(16).hex())
     common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: socket paths live under it
+    # Three nodes share this one host (on a cluster each pod has its own IP): every node gets its own
+    # agent, metrics and worker ports, or two of them race for Ray's defaults (52365 and the worker port
+    # range) and a raylet exits with "address already in use" (seen in CI: one slot never joined).
     nodes = [subprocess.Popen([RAY_BIN, "start", "--head", f"--port={port}", "--num-cpus=0",
-                               "--include-dashboard=false", "--object-store-memory=100000000", *common],
+                               "--include-dashboard=false", "--object-store-memory=100000000", *common,
+                               *_own_node_ports(0, temp_root)],
                               env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=8_000)))
@@ -199,7 +220,7 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
             # A `ray start` that raced the head's start-up exits; start it again, as a pod restart would.
             for i, node in enumerate(workers):
                 if node is None or node.poll() is not None:
-                    workers[i] = subprocess.Popen(worker_cmd, env=env, start_new_session=True,
+                    workers[i] = subprocess.Popen([*worker_cmd, *_own_node_ports(i + 1, temp_root)], env=env, start_new_session=True,
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     nodes.append(workers[i])
 
@@ -230,6 +251,7 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
             except subprocess.TimeoutExpired:
                 os.killpg(node.pid, signal.SIGKILL)
                 node.wait()
+        shutil.rmtree(temp_root, ignore_errors=True)
 
 
 @pytest.mark.slow
