@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import shutil
 import sys
 import tempfile
 import time
@@ -183,6 +183,33 @@ def test_kill_after_first_checkpoint_then_resume_continues_counters(job_dict, tm
     assert metrics["kuberl_iterations_total"] == row["iteration"]
     assert result.counters.env_steps >= saved["env_steps"] + 4_096
     assert result.counters.wall_clock > saved["wall_clock"]
+
+
+def test_sigterm_to_the_process_checkpoints_its_last_iteration_and_exits_0(job_dict, tmp_path):
+    """What a deleted learner pod's PID 1 gets: a real SIGTERM, mid-training. ray.init replaces any
+    SIGTERM handler set before it (with sys.exit), so this fails unless the trainer's handler outlives
+    Ray's start: the process must finish its iteration, checkpoint it and exit 0."""
+    job_dict["spec"]["checkpointing"] = {"intervalIterations": 1_000, "intervalSeconds": None, "keepLast": 2}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=5_000_000)))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--run-dir", str(run_dir),
+                             "--metrics-port", "0", "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=(tmp_path / "train.log").open("w"), start_new_session=True)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3, 180, "three iterations")
+        assert not list((run_dir / "checkpoints").glob("ckpt-*.pt"))  # none yet: the one we see is the exit's
+        proc.send_signal(signal.SIGTERM)  # the process only, as a container runtime signals PID 1
+        assert proc.wait(timeout=120) == 0, (tmp_path / "train.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    newest = sorted((run_dir / "checkpoints").glob("ckpt-*.pt"))[-1]
+    assert newest.name == f"ckpt-{rows[-1]['iteration']:09d}.pt", (newest, rows[-1])
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "signal"
 
 
 def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp_path):

@@ -146,13 +146,18 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     def _on_term(signum, frame):  # a pod being deleted: checkpoint and leave cleanly
         stop_signal["set"] = True
 
-    previous_term = signal.signal(signal.SIGTERM, _on_term) if _main_thread() else None
+    previous_term = None
     workers = None
     try:
         try:
             ray_seconds = start_ray(options.ray_address, replicas)
         finally:
             learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
+        # After Ray: ray.init installs its own SIGTERM handler (sys.exit), and its core worker a C++
+        # one over that, so a handler set earlier is gone and a deleted learner pod died mid-iteration
+        # without its exit checkpoint (seen on real containers: one checkpoint interval lost).
+        if _main_thread():
+            previous_term = signal.signal(signal.SIGTERM, _on_term)
         log.info("ray %s in %.2fs", "joined" if cluster else "started", ray_seconds)
         algo, counters, recent_returns = learner.algo, learner.counters, learner.recent_returns
         report.open(resumed=counters.iterations > 0)
