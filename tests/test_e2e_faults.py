@@ -444,9 +444,10 @@ def test_operator_stopped_longer_than_a_reconcile_interval(bed):
 
 
 def test_scaled_2_4_1_then_suspended_and_resumed(bed):
-    f = Fault(bed, "fault-scale", "rolloutWorkers.replicas 2 -> 4 -> 1 while training; suspend, resume",
+    f = Fault(bed, "fault-scale", "rolloutWorkers.replicas 2 -> 4 -> 1 while training; suspend, resume "
+              "(then 1 -> 4 for the rest)",
               # 2 -> 4 workers takes ~40 s here at up to 2 x MAX_RATE, then 4 -> 1 and a checkpoint: the job
-              # must not finish before the suspend.
+              # must not finish before the suspend (here ~190k steps had been done by then).
               **{"stopping.maxEnvSteps": 350_000})
 
     def replicas(n: int) -> None:
@@ -463,18 +464,26 @@ def test_scaled_2_4_1_then_suspended_and_resumed(bed):
     wait_until(lambda: f.obs.samples[-1].workers == "1/1" and len(f.obs.samples[-1].pods) == 3, 120, 0.2,
                "status workers 1/1 and three pods")
     assert has_event(bed, "fault-scale", "ScaledUp", "2 -> 4") and has_event(bed, "fault-scale", "ScaledDown", "4 -> 1")
-    f.wait_checkpoint(1)
     bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     wait_until(lambda: f.obs.samples[-1].phase == "Suspended" and not bed.cluster.list(
         "pods", NS, label_selector="kuberl.dev/job-name=fault-scale"), 120, 0.2, "Suspended, with no pod left")
     wait_until(lambda: not [n for n, _, _ in bed_objects(bed) if "_fault-scale-" in n], 60, 0.2,
                "no container left while suspended")
+    # No pod left: every row in metrics.jsonl is the suspended learner's.
+    last_old = json.loads((f.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["iteration"]
     bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
-    status = f.finish(desired=1, learner_restarts=True)
+    first = f.obs.wait_row(lambda r: r["iteration"] == last_old + 1, 180, "the resumed learner's first iteration")
+    assert first["workers_ready"] == 1, first
+    replicas(4)  # the rest at four workers' speed (one worker would take ~100 s more)
+    status = f.finish(desired=4, learner_restarts=True, lost_bound=0)
     assert has_event(bed, "fault-scale", "Suspended") and has_event(bed, "fault-scale", "Resumed"), \
         events(bed, "fault-scale")
-    assert status["workersDesired"] == 1 and status["learnerRestarts"] == 0, status
-    assert len(f.obs.segments()) == 2, "the suspended learner resumes from its checkpoint"
+    assert has_event(bed, "fault-scale", "ScaledUp", "1 -> 4"), events(bed, "fault-scale")
+    assert status["workersDesired"] == 4 and status["learnerRestarts"] == 0, status
+    # The suspended learner's exit checkpoint was its last iteration; the resumed one started there.
+    assert f"resumed from ckpt-{last_old:09d}.pt" in f.learner_logs, (last_old, f.learner_logs[-3000:])
+    assert [r.data["iteration"] for r in f.obs.rows].count(last_old + 1) == 1
+    RESULTS[-1]["note"] = "seconds from the 2 -> 4 edit to an iteration with 4 workers"
 
 
 def test_learner_pod_deleted_checkpoints_and_exits_within_its_grace_period(bed):
