@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -350,6 +351,13 @@ class Fault:
         return status
 
 
+def resumed_from(logs: str) -> int:
+    """The iteration of the checkpoint the (last) restarted learner says it resumed from."""
+    found = re.findall(r"resumed from ckpt-(\d+)\.pt", logs)
+    assert found, f"the restarted learner did not resume from a checkpoint: {logs[-3000:]}"
+    return int(found[-1])
+
+
 def has_event(bed: OneNodeCluster, job: str, reason: str, text: str = "") -> bool:
     return any(r == reason and text in m for r, m in events(bed, job))
 
@@ -390,10 +398,8 @@ def test_learner_killed_after_its_first_checkpoint(bed):
                f"a LearnerRestarted event: {events(bed, 'fault-learner')}")
     status = f.finish(learner_restarts=True)
     assert status["learnerRestarts"] == 1 and status["headRestarts"] == 0, status
-    assert len(f.obs.segments()) == 2
     assert any(s.degraded for s in f.obs.samples if s.t > f.fault_at), "Degraded never turned True"
-    logs = f.learner_logs
-    assert "resumed from" in logs, logs[-3000:]
+    assert resumed_from(f.learner_logs) >= 1
 
 
 def test_ray_head_killed(bed):
@@ -406,7 +412,9 @@ def test_ray_head_killed(bed):
                f"a HeadRestarted event: {events(bed, 'fault-head')}")
     status = f.finish(learner_restarts=True)
     assert status["headRestarts"] == 1 and status["learnerRestarts"] == 0, status
-    assert len(f.obs.segments()) == 2
+    # The new epoch's learner continued from a checkpoint: the old one's exit checkpoint when it got
+    # SIGTERM in time, else its last periodic one (counters_never_go_backwards checked either way).
+    assert resumed_from(f.learner_logs) >= 1
     # Never Running between the head's loss and the new epoch's pods being ready.
     after = [s for s in f.obs.samples if s.t > f.fault_at]
     first_not_running = next(i for i, s in enumerate(after) if s.phase != "Running")
