@@ -148,6 +148,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
 
     previous_term = None
     workers = None
+    reason = None
     try:
         try:
             ray_seconds = start_ray(options.ray_address, replicas)
@@ -207,13 +208,16 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
                              metrics_port, loop.solved_at)
     finally:
         report.close()
-        if workers is not None:
+        # A learner pod stopped by SIGTERM (deleted, suspended, a new Ray head) leaves its cluster as it
+        # is: the head may be gone already, and every Ray call would wait on it past the grace period.
+        leaving = cluster and reason == "signal"
+        if workers is not None and not leaving:
             workers.shutdown()
         if options.exit_after and not cluster and signal_local_ray_to_stop():
             pass  # the process exits next; the metrics server's thread goes with it
         else:
             metrics.close()
-            if options.shutdown_ray:
+            if options.shutdown_ray and not leaving:
                 ray.shutdown()
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
@@ -357,10 +361,11 @@ class _Loop:
             self.publish_weights()
             args = self._sample_args()
             t_wait = time.perf_counter()
-            batches = list(self.workers.call(self._method(), {h.index: args for h in self.workers.ready()}).values())
+            batches = list(self.workers.call(self._method(), {h.index: args for h in self.workers.ready()},
+                                             stop=lambda: self.stop_signal["set"]).values())
             self.c.learner_wait += time.perf_counter() - t_wait
-            if not batches:
-                continue
+            if not batches or self.stop_signal["set"]:
+                continue  # SIGTERM: this round is dropped whole; the checkpoint keeps the last iteration
             self._learn_and_account(batches)
 
     def _run_async(self) -> str:

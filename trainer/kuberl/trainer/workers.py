@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,25 +226,45 @@ class WorkerSet:
         if index < self.desired():
             self._spawn(index)
 
-    def call(self, method: str, per_worker_args: dict[int, tuple]) -> dict[int, Any]:
+    def call(self, method: str, per_worker_args: dict[int, tuple],
+             stop: Callable[[], bool] | None = None) -> dict[int, Any]:
         """Call `method` on ready workers and gather results; a worker that died is replaced and left
-        out of this round."""
+        out of this round. With `stop`, gives up on the results still out once it returns True."""
         refs = {}
         for h in self.ready():
             args = per_worker_args.get(h.index)
             if args is not None:
                 refs[h.index] = getattr(h.actor, method).remote(*args)
-        return self.gather(refs)
+        return self.gather(refs, stop=stop)
 
-    def gather(self, refs: dict[int, Any], timeout: float | None = None) -> dict[int, Any]:
-        results = {}
-        for index, ref in refs.items():
-            try:
-                results[index] = ray.get(ref, timeout=timeout)
-            except (RayActorError, GetTimeoutError) as err:
-                log.warning("rollout worker %d died (%s); replacing it", index, type(err).__name__)
-                self.replace(index)
-        return results
+    def gather(self, refs: dict[int, Any], timeout: float | None = None,
+               stop: Callable[[], bool] | None = None) -> dict[int, Any]:
+        """Results by worker index. Waits in short slices so that `stop` (a SIGTERM) is seen within
+        half a second: a pod being deleted may have lost its Ray head with it, and then a dead worker's
+        result never comes (its death is announced by the head), while the learner has a grace period
+        to checkpoint in. Once stopping, nothing is replaced (that asks the head too)."""
+        results: dict[int, Any] = {}
+        pending = {ref: index for index, ref in refs.items()}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            if stop is not None and stop():
+                return results
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                done = list(pending)  # ray.get raises GetTimeoutError for the ones not finished
+            else:
+                done, _ = ray.wait(list(pending), num_returns=len(pending),
+                                   timeout=0.5 if left is None else min(left, 0.5))
+            for ref in done:
+                index = pending.pop(ref)
+                try:
+                    results[index] = ray.get(ref, timeout=0)
+                except (RayActorError, GetTimeoutError) as err:
+                    if stop is not None and stop():
+                        continue
+                    log.warning("rollout worker %d died (%s); replacing it", index, type(err).__name__)
+                    self.replace(index)
+        return dict(sorted(results.items()))
 
     def shutdown(self) -> None:
         for h in self.workers.values():
