@@ -353,11 +353,15 @@ def test_suspend_deletes_pods_and_resume_recreates_them(sim):
     running(sim)
     sim.job_dict["spec"]["suspend"] = True
     plan = sim.step()
-    assert sorted(p.name for p in plan.delete) == ALL and sim.phase == Phase.SUSPENDED
+    # The learner first: it checkpoints on SIGTERM, which needs its Ray head and workers still up.
+    assert [p.name for p in plan.delete] == ["cartpole-ppo-learner"] and sim.phase == Phase.SUSPENDED
     assert sim.condition("Suspended").status == "True" and sim.condition("Running").status == "False"
     assert "emptyDir" in sim.condition("Suspended").message
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "Suspended")]
     assert sim.status.workers == "0/2"
+    plan = sim.step()  # the learner pod is gone: now the rest
+    assert sorted(p.name for p in plan.delete) == [n for n in ALL if n != "cartpole-ppo-learner"]
+    assert not plan.events
     assert not sim.step().acted
 
     sim.job_dict["spec"]["suspend"] = False

@@ -8,7 +8,8 @@ tests drive it with plain dicts.
 The rules, in order:
 - an invalid spec fails the job (`InvalidSpec`) before any pod exists; fixing the spec retries it;
 - a finished job keeps its learner pod (for logs) and loses the rest; ttlSecondsAfterFinished deletes it;
-- `suspend` deletes every pod; resuming restarts the activeDeadlineSeconds clock, like a batch Job;
+- `suspend` deletes every pod, the learner first (it checkpoints on SIGTERM while its Ray cluster is
+  still up); resuming restarts the activeDeadlineSeconds clock, like a batch Job;
 - the learner exiting 0 is success; the learner or the head failing (or vanishing while the job is
   Running) is a restart counted against backoffLimit; a new head starts a new Ray epoch, and the
   learner and workers of the old one are recreated, since they belonged to a cluster that is gone;
@@ -307,7 +308,14 @@ class _Pass:
     def suspend(self) -> None:
         assert self.job is not None
         if self.job.spec.suspend:
-            self.delete(self.live)
+            # The learner first: on SIGTERM it checkpoints its last iteration, which needs its Ray
+            # cluster up. Head and workers go once the learner pod is gone (seen on the bed: all
+            # deleted at once, the learner hung on its vanished head and lost an interval).
+            learner = [pod for pod in self.owned if pod.component == Component.LEARNER and not pod.ended]
+            if learner:
+                self.delete([pod for pod in learner if not pod.terminating])
+            else:
+                self.delete(self.live)
             self.st.phase = Phase.SUSPENDED
             self.set_workers(0)
             self.done = True
