@@ -119,7 +119,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _own_node_ports(node: int, temp_root: Path) -> list[str]:
+def _own_node_flags(node: int, temp_root: Path) -> list[str]:
     """`ray start` flags giving one of several Ray nodes on one host ports and sockets no other node asks
     for. Each node gets its own temp dir: nodes sharing one pick their plasma-store and raylet socket
     names by "first free .N suffix", which two nodes starting at once both pick (seen: "bind: Address
@@ -226,7 +226,7 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
     # range) and a raylet exits with "address already in use" (seen in CI: one slot never joined).
     nodes = [subprocess.Popen([RAY_BIN, "start", "--head", f"--port={port}", "--num-cpus=0",
                                "--include-dashboard=false", "--object-store-memory=100000000", *common,
-                               *_own_node_ports(0, temp_root)],
+                               *_own_node_flags(0, temp_root)],
                               env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=8_000)))
@@ -247,7 +247,7 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
             # A `ray start` that raced the head's start-up exits; start it again, as a pod restart would.
             for i, node in enumerate(workers):
                 if node is None or node.poll() is not None:
-                    workers[i] = subprocess.Popen([*worker_cmd, *_own_node_ports(i + 1, temp_root)], env=env, start_new_session=True,
+                    workers[i] = subprocess.Popen([*worker_cmd, *_own_node_flags(i + 1, temp_root)], env=env, start_new_session=True,
                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     nodes.append(workers[i])
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
 from kuberl.trainer.rollout import RolloutWorker
 
@@ -237,34 +237,25 @@ class WorkerSet:
                 refs[h.index] = getattr(h.actor, method).remote(*args)
         return self.gather(refs, stop=stop)
 
-    def gather(self, refs: dict[int, Any], timeout: float | None = None,
-               stop: Callable[[], bool] | None = None) -> dict[int, Any]:
-        """Results by worker index. Waits in short slices so that `stop` (a SIGTERM) is seen within
-        half a second: a pod being deleted may have lost its Ray head with it, and then a dead worker's
-        result never comes (its death is announced by the head), while the learner has a grace period
-        to checkpoint in. Once stopping, nothing is replaced (that asks the head too)."""
+    def gather(self, refs: dict[int, Any], stop: Callable[[], bool] | None = None) -> dict[int, Any]:
+        """Results by worker index, in the order of `refs`. Waits in half-second slices so that `stop`
+        (a SIGTERM) is seen: a pod being deleted may have lost its Ray head with it, and then a dead
+        worker's result never comes (its death is announced by the head), while the learner has a grace
+        period to checkpoint in. Once stopping, nothing is replaced (that asks the head too)."""
         results: dict[int, Any] = {}
         pending = {ref: index for index, ref in refs.items()}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while pending:
-            if stop is not None and stop():
-                return results
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                done = list(pending)  # ray.get raises GetTimeoutError for the ones not finished
-            else:
-                done, _ = ray.wait(list(pending), num_returns=len(pending),
-                                   timeout=0.5 if left is None else min(left, 0.5))
+        while pending and not (stop is not None and stop()):
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
             for ref in done:
                 index = pending.pop(ref)
                 try:
-                    results[index] = ray.get(ref, timeout=0)
-                except (RayActorError, GetTimeoutError) as err:
+                    results[index] = ray.get(ref)
+                except RayActorError as err:
                     if stop is not None and stop():
                         continue
                     log.warning("rollout worker %d died (%s); replacing it", index, type(err).__name__)
                     self.replace(index)
-        return dict(sorted(results.items()))
+        return {index: results[index] for index in refs if index in results}
 
     def shutdown(self) -> None:
         for h in self.workers.values():
