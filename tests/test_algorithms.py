@@ -96,6 +96,25 @@ def test_nstep_accumulator_sums_discounted_rewards_and_flushes_on_episode_end():
     np.testing.assert_array_equal(b["actions"], [0, 1, 2, 3, 4])
 
 
+@pytest.mark.parametrize("with_masks", [False, True])
+def test_one_step_accumulator_whole_arrays_equal_the_per_env_path(with_masks):
+    rng = np.random.default_rng(4)
+    fast, per_env = (_NStepAccumulator(n=1, gamma=0.9, num_envs=5) for _ in range(2))
+    for _ in range(30):
+        obs, next_obs = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+        actions, rewards = rng.integers(0, 4, 5), rng.normal(size=5)
+        terminated, truncated = rng.random(5) < 0.2, rng.random(5) < 0.1
+        masks = rng.random((5, 4)) < 0.7 if with_masks else None
+        fast.add(obs, actions, rewards, next_obs, terminated, terminated | truncated, masks)
+        per_env._add_per_env(obs, actions, rewards, next_obs, terminated, terminated | truncated, masks)
+    a, b = fast.drain(), per_env.drain()
+    assert a.keys() == b.keys() and ("next_masks" in a) == with_masks
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert len(a["rewards"]) == 150 and fast.drain()["rewards"].shape == (0,)
+
+
 def test_replay_buffer_wraps_around_and_keeps_the_newest():
     buf = ReplayBuffer(capacity=5, obs_dim=1, action_shape=(), device=torch.device("cpu"))
 

@@ -80,3 +80,108 @@ def test_latency_batch_equals_per_env_reference():
     batched = make_vector_env(env_id, kwargs, 3)
     assert isinstance(batched, LatencyBatch)
     assert _compare(reference, batched, [7, 8, 9], 23, 3) == 12
+
+
+# --- Tic-Tac-Toe -------------------------------------------------------------------------------
+
+
+class _LowestScoringCell:
+    """A deterministic opponent for comparisons: the free cell with the highest fixed score, asked
+    once per game by the per-env env and for all games at once (`batch`) by the batched one."""
+
+    SCORES = np.array([3.0, 1.0, 3.5, 1.5, 4.0, 0.5, 2.5, 2.0, 3.2])
+
+    def __init__(self):
+        self.calls = 0
+        self.batch_calls = 0
+
+    def __call__(self, obs, mask):
+        self.calls += 1
+        return int(np.argmax(np.where(mask, self.SCORES + obs[:9] * 0.1, -np.inf)))
+
+    def batch(self, obs, mask):
+        self.batch_calls += 1
+        return np.argmax(np.where(mask, self.SCORES + obs[:, :9] * 0.1, -np.inf), axis=1)
+
+
+def _compare_tictactoe(reference, batched, seeds, steps: int, n: int, policy_seed: int = 0) -> dict[str, int]:
+    """Step both with the same actions (uniform over free cells, some illegal ones mixed in);
+    everything a rollout worker reads must be equal. Returns counts of how episodes ended."""
+    oa, ia = reference.reset(seed=seeds)
+    ob, ib = batched.reset(seed=seeds)
+    np.testing.assert_array_equal(oa, ob)
+    np.testing.assert_array_equal(ia["action_mask"], ib["action_mask"])
+    mask = ib["action_mask"]
+    rng = np.random.default_rng(policy_seed)
+    ends = {"win": 0, "loss": 0, "draw": 0, "illegal": 0}
+    for t in range(steps):
+        scores = rng.random((n, 9)) + np.where(mask, 1.0, 0.0) * (rng.random((n, 1)) > 0.03)
+        actions = np.argmax(scores, axis=1)  # ~3% of games try any cell, legal or not
+        obs_a, rew_a, term_a, trunc_a, info_a = reference.step(actions)
+        obs_b, rew_b, term_b, trunc_b, info_b = batched.step(actions)
+        np.testing.assert_array_equal(obs_a, obs_b, err_msg=f"step {t}")
+        np.testing.assert_array_equal(rew_a, rew_b, err_msg=f"step {t}")
+        np.testing.assert_array_equal(term_a, term_b, err_msg=f"step {t}")
+        np.testing.assert_array_equal(trunc_a, trunc_b)
+        np.testing.assert_array_equal(info_a["action_mask"], info_b["action_mask"], err_msg=f"step {t}")
+        if term_a.any():
+            idx = np.flatnonzero(term_a)
+            np.testing.assert_array_equal(np.stack([info_a["final_obs"][i] for i in idx]), info_b["final_obs"][idx])
+            np.testing.assert_array_equal(info_a["final_info"]["action_mask"][idx],
+                                          info_b["final_info"]["action_mask"][idx])
+            for i in idx:
+                ends[str(info_a["final_info"]["outcome"][i])] += 1
+        mask = info_b["action_mask"]
+    return ends
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"agent_first": "alternate"},
+    {"agent_first": "random", "opponent": "mix", "opponent_mix": 0.4, "opponent_epsilon": 0.3},
+    {"agent_first": False, "opponent": "self", "opponent_epsilon": 0.5, "illegal_move_reward": -2.0},
+    {"agent_first": "alternate", "opponent": "self"},
+])
+def test_tictactoe_batch_equals_per_env_tictactoe_step_by_step(kwargs):
+    from kuberl.trainer.envs.tictactoe import TicTacToeBatch
+
+    n = 24
+    reference = make_vector_env("kuberl/TicTacToe-v0", kwargs, n, batched=False)
+    batched = make_vector_env("kuberl/TicTacToe-v0", kwargs, n)
+    assert isinstance(batched, TicTacToeBatch)
+    opponent = _LowestScoringCell()
+    if kwargs.get("opponent") in ("self", "mix"):
+        for env in reference.envs:
+            env.unwrapped.set_opponent_policy(opponent)
+        batched.set_opponent_policy(opponent)
+    ends = _compare_tictactoe(reference, batched, [11 * i for i in range(n)], 600, n)
+    # Every way a game ends happened, so each was compared (and the reset that follows it).
+    assert min(ends.values()) > 0, ends
+    if kwargs.get("opponent") in ("self", "mix"):
+        assert opponent.calls > 0 and opponent.batch_calls > 0
+
+
+def test_tictactoe_batch_without_an_installed_opponent_falls_back_as_the_reference():
+    n = 8
+    reference = make_vector_env("kuberl/TicTacToe-v0", {"opponent": "self"}, n, batched=False)
+    batched = make_vector_env("kuberl/TicTacToe-v0", {"opponent": "self"}, n)
+    _, info = batched.reset(seed=3)
+    assert info["opponent_fallback"].all()
+    _compare_tictactoe(reference, batched, 3, 200, n)
+
+
+def test_tictactoe_batch_refuses_what_the_reference_refuses():
+    from kuberl.trainer.envs.tictactoe import TicTacToeBatch
+
+    env = TicTacToeBatch(2, opponent="self")
+    env.set_opponent_policy(lambda obs, mask: int(np.flatnonzero(~mask)[0]) if (~mask).any() else 0)
+    with pytest.raises(ValueError, match="action=9 is not allowed"):
+        env.reset(seed=0)
+        env.step([0, 9])
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="opponent policy chose cell 0, which is not free"):
+        env.step([0, 0])
+    with pytest.raises(ValueError, match="opponent='nobody' is not allowed"):
+        TicTacToeBatch(2, opponent="nobody")
+    assert make_batched("kuberl/TicTacToe-v0", {"render_mode": "ansi"}, 2, None) is None
+    assert make_batched("kuberl/TicTacToe-v0", {}, 2, 9) is None  # a time limit: the reference wraps it

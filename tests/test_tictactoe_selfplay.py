@@ -16,7 +16,7 @@ from kuberl.api.load import parse_job
 from kuberl.trainer.algorithms.dqn import DQN
 from kuberl.trainer.envs import validate_env_kwargs
 from kuberl.trainer.envs.baselines import MinimaxPolicy
-from kuberl.trainer.envs.tictactoe import TicTacToeEnv
+from kuberl.trainer.envs.tictactoe import TicTacToeBatch, TicTacToeEnv
 from kuberl.trainer.rollout import RolloutWorker
 from kuberl.trainer.scenario_eval import opponent_games, opponent_suite
 from kuberl.trainer.selfplay import FrozenOpponent
@@ -64,9 +64,23 @@ def test_self_play_opponent_is_installed_in_every_env_copy_with_the_first_weight
     assert isinstance(frozen, FrozenOpponent) and frozen.version is None
     sample(worker, q_weights(0), version=0)
     assert frozen.version == 0
-    assert all(env.unwrapped._opponent_policy is frozen for env in worker.env.envs)
+    assert isinstance(worker.env, TicTacToeBatch)  # one opponent for all the worker's games
+    assert worker.env._opponent_policy is frozen
     sample(worker, None, version=0, steps=200)
     assert frozen.calls > 100  # it played the opponent's moves
+
+
+def test_self_play_opponent_is_installed_in_every_copy_of_a_per_env_vector_env(monkeypatch):
+    import kuberl.trainer.envs.batched as batched
+
+    monkeypatch.setattr(batched, "make_batched", lambda *args: None)  # as for an env with no batched version
+    worker = make_worker(opponent="self")
+    assert isinstance(worker.env, gym.vector.SyncVectorEnv)
+    sample(worker, q_weights(0), version=0)
+    frozen = worker.self_play_opponent
+    assert all(env.unwrapped._opponent_policy is frozen for env in worker.env.envs)
+    sample(worker, None, version=0, steps=100)
+    assert frozen.calls > 50
 
 
 def test_no_self_play_opponent_against_random_or_on_other_envs():

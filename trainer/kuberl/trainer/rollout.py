@@ -367,6 +367,23 @@ class _NStepAccumulator:
         self.pending: list[list[tuple]] = [[] for _ in range(num_envs)]  # per env: [obs, action, reward]
         self.out: dict[str, list] = {k: [] for k in ("obs", "actions", "rewards", "next_obs", "dones",
                                                      "discounts", "next_masks")}
+        self.steps: list[tuple] = []  # n == 1: one tuple of arrays per vector step
+
+    def _drain_steps(self) -> dict[str, np.ndarray]:
+        """The 1-step transitions in the order the per-env path emits them (step, then env)."""
+        steps, self.steps = self.steps, []
+        if not steps:
+            return {"obs": np.zeros((0,), np.float32), "actions": np.zeros((0,)), "rewards": np.zeros(0, np.float32),
+                    "next_obs": np.zeros((0,), np.float32), "dones": np.zeros(0, np.float32),
+                    "discounts": np.zeros(0, np.float32)}
+        obs, actions, rewards, next_obs, dones, masks = (list(col) for col in zip(*steps))
+        rewards_all = np.concatenate(rewards)
+        batch = {"obs": np.concatenate(obs), "actions": np.concatenate(actions), "rewards": rewards_all,
+                 "next_obs": np.concatenate(next_obs), "dones": np.concatenate(dones),
+                 "discounts": np.full(len(rewards_all), self.gamma, np.float32)}
+        if masks[0] is not None:
+            batch["next_masks"] = np.concatenate(masks)
+        return batch
 
     def _emit(self, env: int, k: int, next_obs, done: bool, next_mask) -> None:
         obs, action, _ = self.pending[env][0]
@@ -383,6 +400,14 @@ class _NStepAccumulator:
         self.pending[env].pop(0)
 
     def add(self, obs, actions, rewards, next_obs, terminated, done, next_mask) -> None:
+        if self.n == 1:  # every env emits its 1-step transition now: whole arrays, no per-env Python
+            self.steps.append((np.array(obs, np.float32), np.array(actions), np.asarray(rewards, np.float32),
+                               np.array(next_obs, np.float32), np.asarray(terminated, np.float32),
+                               None if next_mask is None else np.array(next_mask, bool)))
+            return
+        self._add_per_env(obs, actions, rewards, next_obs, terminated, done, next_mask)
+
+    def _add_per_env(self, obs, actions, rewards, next_obs, terminated, done, next_mask) -> None:
         for e in range(self.num_envs):
             self.pending[e].append((obs[e], actions[e], float(rewards[e])))
             nm = None if next_mask is None else next_mask[e]
@@ -393,6 +418,8 @@ class _NStepAccumulator:
                 self._emit(e, self.n, next_obs[e], False, nm)
 
     def drain(self) -> dict[str, np.ndarray]:
+        if self.steps:
+            return self._drain_steps()
         out = self.out
         batch = {
             "obs": np.asarray(out["obs"], np.float32),

@@ -4,8 +4,9 @@ An env opts in by offering `set_opponent_policy(policy)` (Tic-Tac-Toe does) and 
 its kwargs (`opponent: self` or `mix`). The worker then keeps one `FrozenOpponent` — a greedy,
 masked numpy copy of its acting policy — installed in every env copy, and replaces the copy once
 the learner's weights are `opponent_refresh_updates` gradient updates newer (0: on every weights
-change). The env calls the opponent once per opponent move, so its answers are cached per
-position until the next refresh: numpy, no torch, a dict lookup for a position seen before.
+change). The numpy-batched env asks it once per step for all its games (`FrozenOpponent.batch`,
+one forward pass); a per-env env once per opponent move, so those answers are cached per position
+until the next refresh. Numpy, no torch.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ class FrozenOpponent:
                 self._cache[key] = action
         return action
 
+    def batch(self, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Greedy actions for a batch of positions (M, obs) with masks (M, A), one forward pass (a
+        numpy-batched env asks for all its games at once)."""
+        self.calls += len(obs)
+        return greedy_actions(self.policy, self._rng, np.asarray(obs, np.float32), np.asarray(mask, bool))
+
 
 def self_play_settings(env) -> tuple[bool, int]:
     """(whether the env asks for a self-play opponent, refresh interval in gradient updates)."""
@@ -75,7 +82,9 @@ def attach_self_play(worker) -> FrozenOpponent | None:
     it in every env copy. Until then (episodes begun before any weights arrived) the env plays its
     fallback, uniform random, and says so in `info["opponent_fallback"]`.
     """
-    envs = getattr(worker.env, "envs", [])
+    # A numpy-batched env takes one opponent for all its games; a SyncVectorEnv, one per copy.
+    envs = [worker.env] if hasattr(worker.env, "set_opponent_policy") else \
+        [env.unwrapped for env in getattr(worker.env, "envs", [])]
     if not envs:
         return None
     wanted, refresh_updates = self_play_settings(envs[0])
@@ -87,7 +96,7 @@ def attach_self_play(worker) -> FrozenOpponent | None:
         if opponent.version is None:
             opponent.refresh(w.policy, w.weights_version)
             for env in envs:
-                env.unwrapped.set_opponent_policy(opponent)
+                env.set_opponent_policy(opponent)
         elif w.weights_version - opponent.version >= refresh_updates:
             opponent.refresh(w.policy, w.weights_version)
 

@@ -131,8 +131,7 @@ class DQN(Algorithm):
                 self.q_target.load_state_dict(self.q.state_dict())
             return
         with torch.no_grad():
-            for target, online in zip(self.q_target.parameters(), self.q.parameters()):
-                target.lerp_(online, self.cfg.tau)
+            torch._foreach_lerp_(list(self.q_target.parameters()), list(self.q.parameters()), self.cfg.tau)
 
     def state_dict(self) -> dict[str, Any]:
         return {"q": self.q.state_dict(), "q_target": self.q_target.state_dict(),

@@ -14,6 +14,7 @@ are not those of `CartPole-v1` reset with the same seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -22,6 +23,8 @@ import numpy as np
 from gymnasium.envs.classic_control import CartPoleEnv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
+
+from kuberl.trainer.envs.tictactoe import TicTacToeConfig
 
 
 class CartPoleBatch(VectorEnv):
@@ -122,10 +125,20 @@ def _cartpole(num_envs: int, max_episode_steps: int | None, **kwargs):
     return CartPoleBatch(num_envs, max_episode_steps=steps, **kwargs)
 
 
+def _tictactoe(num_envs: int, max_episode_steps: int | None, **kwargs):
+    from kuberl.trainer.envs.tictactoe import TicTacToeBatch
+
+    return None if max_episode_steps is not None else TicTacToeBatch(num_envs, **kwargs)
+
+
+_TICTACTOE_KWARGS = {f.name for f in dataclasses.fields(TicTacToeConfig)}
+
 #: env id -> (factory of the batched version, kwargs it takes); used when the job's kwargs fit.
 BATCHED = {
     "CartPole-v1": (_cartpole, {"sutton_barto_reward"}),
     "kuberl.trainer.envs.latency:LatencyEnv": (_latency, {"step_seconds", "episode_steps"}),
+    "kuberl/TicTacToe-v0": (_tictactoe, _TICTACTOE_KWARGS),
+    "kuberl.trainer.envs.tictactoe:TicTacToeEnv": (_tictactoe, _TICTACTOE_KWARGS),
 }
 
 

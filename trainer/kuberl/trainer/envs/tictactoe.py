@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 
 from kuberl.trainer.envs.kwargs import config_from_kwargs
 
@@ -36,6 +38,8 @@ _LINES_THROUGH = tuple(tuple(line for line in LINES if cell in line) for cell in
 OPPONENTS = ("random", "self", "mix")
 AGENT_FIRST_VALUES = (True, False, "alternate", "random")
 OBS_SIZE = 18
+#: Uniform draws an env takes from its np_random at a time (the batched env takes the same stream).
+UNIFORM_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,9 @@ class TicTacToeEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, 1.0, shape=(OBS_SIZE,), dtype=np.float32)
         self.action_space = spaces.Discrete(9)
         self._opponent_policy: Policy | None = None
-        self._rng: random.Random | None = None
+        self._uniforms: list[float] = []
+        self._next_uniform = UNIFORM_BLOCK
+        self._seeded = False
         self._episode = 0
         # Board from the agent's side: 1 agent, -1 opponent, 0 free. Observation and mask are kept
         # in step with it so a step costs two array writes and two copies, not a re-encoding.
@@ -257,19 +263,18 @@ class TicTacToeEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        if seed is not None or self._rng is None:
-            # A stdlib generator seeded from np_random: several times faster per draw than numpy.
-            self._rng = random.Random(int(self.np_random.integers(2**63)))
+        if seed is not None or not self._seeded:
+            self._next_uniform = UNIFORM_BLOCK  # the next draw starts a block from the (re)seeded np_random
+            self._seeded = True
             self._episode = 0
         cfg = self.config
-        rng = self._rng
         if cfg.agent_first == "alternate":
             self._agent_first = self._episode % 2 == 0
         elif cfg.agent_first == "random":
-            self._agent_first = rng.random() < 0.5
+            self._agent_first = self._uniform() < 0.5
         else:
             self._agent_first = bool(cfg.agent_first)
-        wants_self = cfg.opponent == "self" or (cfg.opponent == "mix" and rng.random() < cfg.opponent_mix)
+        wants_self = cfg.opponent == "self" or (cfg.opponent == "mix" and self._uniform() < cfg.opponent_mix)
         self._fallback = wants_self and self._opponent_policy is None
         self._opponent_kind = "self" if wants_self and not self._fallback else "random"
         self._episode += 1
@@ -325,9 +330,18 @@ class TicTacToeEnv(gym.Env):
         self._mask[cell] = False
         self._free -= 1
 
+    def _uniform(self) -> float:
+        """The env's next uniform [0, 1) draw: np_random's stream, taken UNIFORM_BLOCK at a time."""
+        if self._next_uniform == UNIFORM_BLOCK:
+            self._uniforms = self.np_random.random(UNIFORM_BLOCK).tolist()
+            self._next_uniform = 0
+        u = self._uniforms[self._next_uniform]
+        self._next_uniform += 1
+        return u
+
     def _opponent_move(self) -> int:
         epsilon = self.config.opponent_epsilon
-        if self._opponent_kind == "self" and not (epsilon and self._rng.random() < epsilon):
+        if self._opponent_kind == "self" and not (epsilon and self._uniform() < epsilon):
             opponent_obs = np.concatenate((self._obs[9:], self._obs[:9]))
             cell = int(self._opponent_policy(opponent_obs, self._mask.copy()))
             if not (0 <= cell <= 8 and self._board[cell] == 0):
@@ -337,7 +351,8 @@ class TicTacToeEnv(gym.Env):
                 )
         else:
             board = self._board
-            cell = self._rng.choice([i for i in range(9) if board[i] == 0])
+            free = [i for i in range(9) if board[i] == 0]
+            cell = free[int(self._uniform() * len(free))]
         self._place(cell, -1)
         return cell
 
@@ -360,3 +375,166 @@ class TicTacToeEnv(gym.Env):
             "opponent": self._opponent_kind,  # "random" or "self": who plays this episode
             "opponent_fallback": self._fallback,  # "self" was drawn but no policy is installed
         }
+
+
+# --- the numpy-batched version ----------------------------------------------------------------
+
+_LINES = np.array(LINES)
+
+
+class TicTacToeBatch(VectorEnv):
+    """`num_envs` Tic-Tac-Toe games stepped with array operations, the same games as a
+    `SyncVectorEnv` of `TicTacToeEnv` (autoreset in the same step) under the same seeds.
+
+    Each copy draws from its own generator, seeded as `SyncVectorEnv` seeds its copies, and takes
+    the same uniform draws in the same order as the per-env env does, so both play the same
+    episodes step for step (tests/test_batched_envs.py). A "self" opponent is asked for all games
+    at once: `policy.batch(obs (M, 18), mask (M, 9)) -> cells (M,)` when the policy offers it,
+    else one call per game. `info` carries `action_mask` (and `final_obs`, `final_info["action_mask"]`
+    for ended games); the per-game strings (`outcome`, `opponent`) are left out.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int, **kwargs: Any) -> None:
+        self.config = TicTacToeConfig.from_kwargs(kwargs)
+        self.num_envs = num_envs
+        self.single_observation_space = spaces.Box(0.0, 1.0, shape=(OBS_SIZE,), dtype=np.float32)
+        self.single_action_space = spaces.Discrete(9)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._opponent_policy: Policy | None = None
+        self.boards = np.zeros((num_envs, 9), np.int8)  # from the agent's side: 1 agent, -1 opponent
+        self.agent_first = np.ones(num_envs, bool)
+        self.opponent_self = np.zeros(num_envs, bool)  # this episode's opponent is the installed policy
+        self.fallback = np.zeros(num_envs, bool)
+        self.episode = np.zeros(num_envs, np.int64)
+        self._seed_all([None] * num_envs)
+
+    def set_opponent_policy(self, policy: Policy | None) -> None:
+        """As `TicTacToeEnv.set_opponent_policy`, for every game; `policy.batch` is used when present."""
+        self._opponent_policy = policy
+
+    def _seed_all(self, seeds: list[int | None]) -> None:
+        self.rngs = [gym.utils.seeding.np_random(s)[0] for s in seeds]
+        self._uniforms = np.stack([rng.random(UNIFORM_BLOCK) for rng in self.rngs])
+        self._next = np.zeros(self.num_envs, np.int64)
+        self.episode[:] = 0
+
+    def _draw(self, idx: np.ndarray) -> np.ndarray:
+        """One uniform draw for each env in `idx` (distinct), in each env's own stream."""
+        u = self._uniforms[idx, self._next[idx]]
+        self._next[idx] += 1
+        for i in idx[self._next[idx] == UNIFORM_BLOCK]:
+            self._uniforms[i] = self.rngs[i].random(UNIFORM_BLOCK)
+            self._next[i] = 0
+        return u
+
+    def _obs(self, boards: np.ndarray) -> np.ndarray:
+        return np.concatenate((boards == 1, boards == -1), axis=1).astype(np.float32)
+
+    def _reset_envs(self, idx: np.ndarray) -> None:
+        cfg = self.config
+        if isinstance(cfg.agent_first, bool):
+            first = np.full(len(idx), cfg.agent_first)
+        elif cfg.agent_first == "alternate":
+            first = self.episode[idx] % 2 == 0
+        else:  # "random"
+            first = self._draw(idx) < 0.5
+        if cfg.opponent == "self":
+            wants_self = np.ones(len(idx), bool)
+        elif cfg.opponent == "mix":
+            wants_self = self._draw(idx) < cfg.opponent_mix
+        else:
+            wants_self = np.zeros(len(idx), bool)
+        installed = self._opponent_policy is not None
+        self.fallback[idx] = wants_self & (not installed)
+        self.opponent_self[idx] = wants_self & installed
+        self.agent_first[idx] = first
+        self.episode[idx] += 1
+        self.boards[idx] = 0
+        second = idx[~first]
+        if len(second):
+            self._opponent_move(second)
+
+    def _opponent_move(self, idx: np.ndarray) -> None:
+        cells = np.empty(len(idx), np.int64)
+        by_policy = self.opponent_self[idx]
+        epsilon = self.config.opponent_epsilon
+        if epsilon and by_policy.any():
+            by_policy[by_policy] = self._draw(idx[by_policy]) >= epsilon
+        if by_policy.any():
+            played = idx[by_policy]
+            boards = self.boards[played]
+            obs = np.concatenate((boards == -1, boards == 1), axis=1).astype(np.float32)
+            mask = boards == 0
+            policy = self._opponent_policy
+            batch = getattr(policy, "batch", None)
+            if batch is not None:
+                chosen = np.asarray(batch(obs, mask), np.int64).reshape(-1)
+            else:
+                chosen = np.array([int(policy(o, m)) for o, m in zip(obs, mask)], np.int64)
+            bad = (chosen < 0) | (chosen > 8)
+            bad |= ~mask[np.arange(len(played)), np.clip(chosen, 0, 8)]
+            if bad.any():
+                j = int(np.flatnonzero(bad)[0])
+                raise RuntimeError(
+                    f"the installed opponent policy chose cell {int(chosen[j])}, which is not free; "
+                    f"free cells: {np.flatnonzero(mask[j]).tolist()} (it must respect the mask)"
+                )
+            cells[by_policy] = chosen
+        if not by_policy.all():
+            drawn = idx[~by_policy]
+            free = self.boards[drawn] == 0
+            k = (self._draw(drawn) * free.sum(axis=1)).astype(np.int64)  # as free[int(u * len(free))]
+            cells[~by_policy] = np.argmax(np.cumsum(free, axis=1) > k[:, None], axis=1)
+        self.boards[idx, cells] = -1
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"{len(seeds)} seeds given for {self.num_envs} envs")
+            self._seed_all(seeds)
+        self._reset_envs(np.arange(self.num_envs))
+        return self._obs(self.boards), self._reset_info()
+
+    def _reset_info(self) -> dict[str, Any]:
+        return {"action_mask": self.boards == 0, "agent_first": self.agent_first.copy(),
+                "opponent_fallback": self.fallback.copy()}
+
+    def step(self, actions):
+        cells = np.asarray(actions).astype(np.int64).reshape(self.num_envs)
+        if ((cells < 0) | (cells > 8)).any():
+            bad = int(cells[(cells < 0) | (cells > 8)][0])
+            raise ValueError(f"action={bad!r} is not allowed; allowed values: 0-8 (the cell to mark)")
+        rows = np.arange(self.num_envs)
+        illegal = self.boards[rows, cells] != 0
+        legal = rows[~illegal]
+        self.boards[legal, cells[legal]] = 1
+        win = np.zeros(self.num_envs, bool)
+        win[legal] = (self.boards[legal][:, _LINES].sum(axis=2) == 3).any(axis=1)
+        full = (self.boards != 0).all(axis=1)
+        playing = ~illegal & ~win & ~full
+        loss = np.zeros(self.num_envs, bool)
+        replying = rows[playing]
+        if len(replying):
+            self._opponent_move(replying)
+            loss[replying] = (self.boards[replying][:, _LINES].sum(axis=2) == -3).any(axis=1)
+            full[replying] = (self.boards[replying] != 0).all(axis=1)
+        terminated = illegal | win | loss | full
+        reward = np.where(win, 1.0, np.where(loss, -1.0, 0.0))
+        reward[illegal] = float(self.config.illegal_move_reward)
+        obs = self._obs(self.boards)
+        mask = self.boards == 0
+        info: dict[str, Any] = {"action_mask": mask, "illegal_move": illegal}
+        if terminated.any():
+            ended = np.flatnonzero(terminated)
+            info["final_obs"] = obs.copy()
+            info["_final_obs"] = terminated.copy()
+            info["final_info"] = {"action_mask": mask.copy(), "_action_mask": terminated.copy()}
+            info["_final_info"] = terminated.copy()
+            self._reset_envs(ended)
+            obs[ended] = self._obs(self.boards[ended])
+            mask[ended] = self.boards[ended] == 0
+        return obs, reward, terminated, np.zeros(self.num_envs, bool), info
