@@ -129,6 +129,8 @@ def _compare_tictactoe(reference, batched, seeds, steps: int, n: int, policy_see
             np.testing.assert_array_equal(np.stack([info_a["final_obs"][i] for i in idx]), info_b["final_obs"][idx])
             np.testing.assert_array_equal(info_a["final_info"]["action_mask"][idx],
                                           info_b["final_info"]["action_mask"][idx])
+            np.testing.assert_array_equal(info_a["final_info"]["illegal_move"][idx],
+                                          info_b["final_info"]["illegal_move"][idx])
             for i in idx:
                 ends[str(info_a["final_info"]["outcome"][i])] += 1
         mask = info_b["action_mask"]
@@ -185,3 +187,97 @@ def test_tictactoe_batch_refuses_what_the_reference_refuses():
         TicTacToeBatch(2, opponent="nobody")
     assert make_batched("kuberl/TicTacToe-v0", {"render_mode": "ansi"}, 2, None) is None
     assert make_batched("kuberl/TicTacToe-v0", {}, 2, 9) is None  # a time limit: the reference wraps it
+
+
+# --- autoscaling -------------------------------------------------------------------------------
+
+_AUTOSCALING_INFO = ("t", "arrivals", "served", "dropped", "queue", "running_instances", "booting_instances",
+                     "instances", "capacity", "utilisation", "latency_ms", "slo_violation", "cost_instances",
+                     "cost_slo", "cost_dropped", "scaling_blocked")
+
+
+def _assert_obs_equal(a, b, msg: str) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=f"{msg} {key}")
+    else:
+        np.testing.assert_array_equal(a, b, err_msg=msg)
+
+
+def _compare_autoscaling(reference, batched, seeds, steps: int, n: int, multi: bool) -> int:
+    """Same actions to both; observations, rewards and every info value must be equal, bit for bit."""
+    oa, ia = reference.reset(seed=seeds)
+    ob, ib = batched.reset(seed=seeds)
+    _assert_obs_equal(oa, ob, "reset")
+    keys = _AUTOSCALING_INFO + (("dropped_low_priority", "priority_weight") if multi else ())
+    for key in keys:
+        np.testing.assert_array_equal(ia[key], ib[key], err_msg=f"reset {key}")
+    rng = np.random.default_rng(1)
+    high = batched.single_action_space.nvec if multi else 3
+    episodes = 0
+    for t in range(steps):
+        actions = rng.integers(0, high, (n, 3) if multi else n)
+        obs_a, rew_a, term_a, trunc_a, info_a = reference.step(actions)
+        obs_b, rew_b, term_b, trunc_b, info_b = batched.step(actions)
+        _assert_obs_equal(obs_a, obs_b, f"step {t}")
+        np.testing.assert_array_equal(rew_a, rew_b, err_msg=f"step {t}")
+        np.testing.assert_array_equal(term_a, term_b)
+        np.testing.assert_array_equal(trunc_a, trunc_b)
+        for key in keys:
+            np.testing.assert_array_equal(info_a[key], info_b[key], err_msg=f"step {t} {key}")
+        if trunc_a.any():
+            idx = np.flatnonzero(trunc_a)
+            episodes += len(idx)
+            for i in idx:
+                _assert_obs_equal(info_a["final_obs"][i], {k: v[i] for k, v in info_b["final_obs"].items()}
+                                  if isinstance(info_b["final_obs"], dict) else info_b["final_obs"][i], f"final {t}")
+                for key in keys:
+                    assert info_a["final_info"][key][i] == info_b["final_info"][key][i], (t, key)
+    return episodes
+
+
+@pytest.mark.parametrize("pattern", ["SINE_CURVE", "SINUSOIDAL", "STEADY", "SPIKE", "POISSON", "RANDOM"])
+def test_autoscaling_batch_equals_per_env_autoscaling_step_by_step(pattern):
+    from kuberl.trainer.envs.autoscaling import AutoscalingBatch
+
+    n = 12
+    kwargs = {"load_pattern": pattern, "episode_length": 37, "max_instances": 9, "min_instances": 2,
+              "max_queue": 60.0, "load_params": {"base_load": 55.0, "period": 20}}
+    reference = make_vector_env("kuberl/Autoscaling-v0", kwargs, n, batched=False)
+    batched = make_vector_env("kuberl/Autoscaling-v0", kwargs, n)
+    assert isinstance(batched, AutoscalingBatch)
+    assert _compare_autoscaling(reference, batched, [5 * i for i in range(n)], 150, n, multi=False) == 4 * n
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"observation_split": False, "startup_delay": 0, "initial_instances": 3, "episode_length": 25},
+    {"load_pattern": "SPIKE", "tiers": [[1, 1], [3, 2.5]], "priority_weights": [0.0, 0.3, 0.7, 1.0],
+     "low_priority_fraction": 0.6, "max_instances": 6, "episode_length": 30},
+])
+def test_autoscaling_multi_batch_equals_per_env_step_by_step(kwargs):
+    from kuberl.trainer.envs.autoscaling import AutoscalingBatch
+
+    n = 10
+    reference = make_vector_env("kuberl/AutoscalingMulti-v0", kwargs, n, batched=False)
+    batched = make_vector_env("kuberl/AutoscalingMulti-v0", kwargs, n)
+    assert isinstance(batched, AutoscalingBatch) and batched.multi
+    assert batched.single_observation_space == reference.single_observation_space
+    episodes = _compare_autoscaling(reference, batched, 17, 260, n, multi=True)
+    assert episodes >= n
+
+
+def test_autoscaling_batch_refuses_bad_actions_and_falls_back_when_it_must():
+    from kuberl.trainer.envs.autoscaling import AutoscalingBatch
+
+    env = AutoscalingBatch(2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="action=3 is not allowed"):
+        env.step([1, 3])
+    multi = AutoscalingBatch(2, multi=True)
+    multi.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action=\[2, 5, 0\] is outside"):
+        multi.step([[1, 0, 0], [2, 5, 0]])
+    assert make_batched("kuberl/Autoscaling-v0", {"render_mode": "ansi"}, 2, None) is None
+    assert make_batched("kuberl/Autoscaling-v0", {}, 2, 50) is None

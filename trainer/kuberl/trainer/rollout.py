@@ -313,6 +313,8 @@ class RolloutWorker:
 
     def _final_obs(self, info: dict, idx: np.ndarray) -> np.ndarray:
         final = info["final_obs"]
+        if isinstance(final, dict):  # a numpy-batched env: one array per key, not one dict per env
+            return flatten_obs(self.single_obs_space, {k: np.asarray(v)[idx] for k, v in final.items()}, len(idx))
         items = [final[i] for i in idx]
         if isinstance(self.single_obs_space, gym.spaces.Dict):
             stacked = {k: np.stack([it[k] for it in items]) for k in self.single_obs_space.spaces}

@@ -52,6 +52,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 
 from kuberl.trainer.envs.kwargs import config_from_kwargs
 from kuberl.trainer.envs.load_patterns import LOAD_PATTERNS, LoadParams, check_pattern, generate_load
@@ -248,7 +250,8 @@ def _require_number(cfg: Any, name: str, positive: bool) -> None:
 
 def _processing_latency(service_time_ms: float, rho: float) -> float:
     rho = min(rho, _MAX_RHO)
-    return service_time_ms * (1.0 + rho**4 / (1.0 - rho))
+    rho2 = rho * rho  # rho**4 as two products: the batched env computes the same bits with numpy
+    return service_time_ms * (1.0 + rho2 * rho2 / (1.0 - rho))
 
 
 def _slo_utilisation(service_time_ms: float, latency_slo: float) -> float:
@@ -596,6 +599,274 @@ class AutoscalingMultiEnv(AutoscalingEnv):
         return info
 
 
+# --- the numpy-batched version ----------------------------------------------------------------
+
+
+class AutoscalingBatch(VectorEnv):
+    """`num_envs` copies of Autoscaling-v0 (`multi=False`) or AutoscalingMulti-v0 (`multi=True`)
+    stepped with array operations: the same episodes as a `SyncVectorEnv` of the per-env env
+    (autoreset in the same step) under the same seeds, float for float.
+
+    Each copy has its own generator, seeded as `SyncVectorEnv` seeds its copies; a copy's load trace
+    is drawn from it at each of its resets, as the per-env env draws it, so only the resets cost a
+    Python call per env. `info` holds the per-step accounting as arrays (the keys of the per-env
+    env's info); `final_obs` for the copies whose episode was truncated.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int, multi: bool = False, **kwargs: Any) -> None:
+        # One per-env env describes the spaces and the derived constants; it is never stepped.
+        proto = AutoscalingMultiEnv(**kwargs) if multi else AutoscalingEnv(**kwargs)
+        self.config = cfg = proto.config
+        self.multi = multi
+        self.num_envs = num_envs
+        self.single_observation_space = proto.observation_space
+        self.single_action_space = proto.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.observation_names = proto.observation_names
+        self._proto = proto
+        self._caps = list(proto._tier_capacity)
+        self._costs = list(proto._tier_cost)
+        self._weights = np.asarray(proto._priority_weights, np.float64)
+        self._low_fraction = proto._low_fraction
+        self._low_drop_penalty = proto._low_drop_penalty
+        n_tiers = len(self._caps)
+        self.running = np.zeros((num_envs, n_tiers), np.int64)
+        # booting[:, k, d]: instances of tier k that start serving d steps from now.
+        self.booting = np.zeros((num_envs, n_tiers, cfg.startup_delay + 1), np.int64)
+        self.queue_high = np.zeros(num_envs)
+        self.queue_low = np.zeros(num_envs)
+        self.fast_influx = np.zeros(num_envs)
+        self.slow_influx = np.zeros(num_envs)
+        self.t = np.zeros(num_envs, np.int64)
+        self.trace = np.zeros((num_envs, cfg.episode_length + 1))
+        self.last: dict[str, np.ndarray] = {}
+        period = cfg.load_params.period
+        phases = [2.0 * math.pi * (r % period) / period for r in range(period)]  # as _shared_features
+        self._cycle = np.array([[math.sin(p), math.cos(p)] for p in phases])
+        self._seed_all([None] * num_envs)
+
+    def _seed_all(self, seeds: list[int | None]) -> None:
+        self.rngs = [gym.utils.seeding.np_random(s)[0] for s in seeds]
+
+    def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"{len(seeds)} seeds given for {self.num_envs} envs")
+            self._seed_all(seeds)
+        self._reset_envs(np.arange(self.num_envs))
+        # Interval 0 is served before the agent acts, as the per-env reset does.
+        self.last = self._serve(slice(None), np.full(self.num_envs, self._weights[0]))
+        info = self._info(self.last)
+        info["scaling_blocked"] = np.zeros(self.num_envs, bool)
+        return self._observation(), info
+
+    def _reset_envs(self, idx: np.ndarray) -> None:
+        cfg = self.config
+        for i in idx:
+            self.trace[i] = generate_load(cfg.load_pattern, cfg.episode_length + 1, self.rngs[i], cfg.load_params)
+        first = self.trace[idx, 0]
+        if cfg.initial_instances is not None:
+            initial = np.full(len(idx), cfg.initial_instances, np.int64)
+        else:
+            wanted = np.ceil(first / (_INITIAL_UTILISATION * self._caps[0])).astype(np.int64)
+            initial = np.minimum(np.maximum(wanted, cfg.min_instances), cfg.max_instances)
+        self.running[idx] = 0
+        self.running[idx, 0] = initial
+        self.booting[idx] = 0
+        self.queue_high[idx] = 0.0
+        self.queue_low[idx] = 0.0
+        self.fast_influx[idx] = first
+        self.slow_influx[idx] = first
+        self.t[idx] = 0
+
+    def _serve(self, rows, shed_weight: np.ndarray) -> dict[str, np.ndarray]:
+        """Serve the current interval of the copies in `rows` (a slice or indices): the per-env
+        `_serve`, the same operations in the same order on arrays. Returns its values per row."""
+        cfg = self.config
+        caps, costs = self._caps, self._costs
+        running, booting = self.running[rows], self.booting[rows]  # copies when rows are indices
+        arrivals = self.trace[rows][np.arange(len(running)), self.t[rows]]
+        running += booting[:, :, 0]
+        booting[:, :, 0] = 0
+        capacity = np.zeros(len(running))
+        for k, c in enumerate(caps):  # in tier order, as sum() over the tiers
+            capacity = capacity + running[:, k] * c
+        queue_high, queue_low = self.queue_high[rows], self.queue_low[rows]
+        backlog = queue_high + queue_low
+        arrivals_low = arrivals * self._low_fraction
+        arrivals_high = arrivals - arrivals_low
+        demand_high = queue_high + arrivals_high
+        demand_low = queue_low + arrivals_low
+        shed = shed_weight * np.minimum(
+            demand_low, np.maximum(0.0, demand_high + demand_low - self._proto._slo_utilisation * capacity)
+        )
+        demand_low = demand_low - shed
+        served_high = np.minimum(demand_high, capacity)
+        served_low = np.minimum(demand_low, capacity - served_high)
+        left_high = demand_high - served_high
+        left_low = demand_low - served_low
+        overflow = np.maximum(0.0, left_high + left_low - cfg.max_queue)
+        overflow_low = np.minimum(overflow, left_low)
+        dropped_high = overflow - overflow_low
+        dropped_low = shed + overflow_low
+        queue_high = left_high - dropped_high
+        queue_low = left_low - overflow_low
+        served = served_high + served_low
+        queue = queue_high + queue_low
+        rho = np.minimum(served / capacity, _MAX_RHO)
+        rho2 = rho * rho
+        latency_ms = cfg.service_time_ms * (1.0 + rho2 * rho2 / (1.0 - rho)) + queue / capacity * cfg.interval_ms
+        violation = latency_ms > cfg.latency_slo
+        booting_per_tier = booting.sum(axis=2)
+        extra = np.zeros(len(running))
+        cost_rate = np.zeros(len(running))
+        for k, (c, cost) in enumerate(zip(caps, costs)):
+            extra = extra + booting_per_tier[:, k] * c
+            cost_rate = cost_rate + (running[:, k] + booting_per_tier[:, k]) * cost
+        provisioned = capacity + extra
+        booting[:, :, :-1] = booting[:, :, 1:].copy()  # one step closer to serving
+        booting[:, :, -1] = 0
+        fast, slow = self.fast_influx[rows], self.slow_influx[rows]
+        self.fast_influx[rows] = fast + _FAST_EMA * (arrivals - fast)
+        self.slow_influx[rows] = slow + _SLOW_EMA * (arrivals - slow)
+        self.running[rows], self.booting[rows] = running, booting
+        self.queue_high[rows], self.queue_low[rows] = queue_high, queue_low
+        running_total = running.sum(axis=1)
+        booting_total = booting_per_tier.sum(axis=1)
+        return {
+            "arrivals": arrivals, "served": served, "dropped": dropped_high + dropped_low,
+            "dropped_low_priority": dropped_low, "queue": queue, "running_instances": running_total,
+            "booting_instances": booting_total, "instances": running_total + booting_total,
+            "capacity": capacity, "utilisation": (backlog + arrivals) / provisioned,
+            "running_utilisation": served / capacity, "latency_ms": latency_ms, "slo_violation": violation,
+            "priority_weight": np.asarray(shed_weight, np.float64), "cost_rate": cost_rate,
+            "provisioned_capacity": provisioned, "booting_per_tier": booting_per_tier,
+            "cost_instances": cost_rate,
+            "cost_slo": np.where(violation, cfg.slo_violation_penalty, 0.0),
+            "cost_dropped": cfg.drop_penalty * dropped_high + self._low_drop_penalty * dropped_low,
+        }
+
+    def _info(self, values: dict[str, np.ndarray]) -> dict[str, Any]:
+        keys = (*_INFO_KEYS, "cost_instances", "cost_slo", "cost_dropped")
+        if self.multi:
+            keys += ("dropped_low_priority", "priority_weight")
+        return {"t": self.t.copy(), **{k: values[k].copy() for k in keys}}
+
+    def _decode(self, actions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a = np.asarray(actions)
+        if not self.multi:
+            a = a.reshape(self.num_envs).astype(np.int64)
+            if ((a < 0) | (a > 2)).any():
+                bad = int(a[(a < 0) | (a > 2)][0])
+                raise ValueError(f"action={bad!r} is not allowed; allowed values: 0 (remove), 1 (keep), 2 (add)")
+            return a - 1, np.zeros(self.num_envs, np.int64), np.zeros(self.num_envs, np.int64)
+        a = a.reshape(self.num_envs, 3).astype(np.int64)
+        high = np.array([3, len(self._caps), len(self._weights)])
+        bad = ((a < 0) | (a >= high)).any(axis=1)
+        if bad.any():
+            raise ValueError(f"action={a[bad][0].tolist()!r} is outside {self.single_action_space}")
+        return a[:, 0] - 1, a[:, 1], a[:, 2]
+
+    def _scale(self, delta: np.ndarray, tier: np.ndarray) -> np.ndarray:
+        """Apply each copy's add/remove of one instance of its tier; True where the bounds blocked it."""
+        cfg = self.config
+        rows = np.arange(self.num_envs)
+        total = self.running.sum(axis=1) + self.booting.sum(axis=(1, 2))
+        blocked = np.zeros(self.num_envs, bool)
+        add = delta > 0
+        blocked |= add & (total >= cfg.max_instances)
+        grow = rows[add & ~blocked]
+        self.booting[grow, tier[grow], cfg.startup_delay] += 1
+        remove = delta < 0
+        blocked |= remove & (total <= cfg.min_instances)
+        shrink = rows[remove & ~blocked]
+        if len(shrink):
+            boots = self.booting[shrink, tier[shrink]] > 0  # (M, delay + 1)
+            cancel = boots.any(axis=1)
+            newest = cfg.startup_delay - np.argmax(boots[:, ::-1], axis=1)  # cancel the newest boot first
+            c = shrink[cancel]
+            self.booting[c, tier[c], newest[cancel]] -= 1
+            r = shrink[~cancel]
+            can_stop = (self.running[r, tier[r]] > 0) & (self.running[r].sum(axis=1) > cfg.min_instances)
+            self.running[r[can_stop], tier[r[can_stop]]] -= 1
+            blocked[r[~can_stop]] = True
+        return blocked
+
+    def step(self, actions):
+        delta, tier, level = self._decode(actions)
+        blocked = self._scale(delta, tier)
+        self.t += 1
+        self.last = self._serve(slice(None), self._weights[level])
+        info = self._info(self.last)
+        info["scaling_blocked"] = blocked
+        last = self.last
+        reward = -(last["cost_instances"] + last["cost_slo"] + last["cost_dropped"])
+        truncated = self.t >= self.config.episode_length
+        obs = self._observation()
+        if truncated.any():
+            # As SyncVectorEnv: the ended copies' step goes to final_obs / final_info, and what
+            # their reset returns takes its place in obs and info.
+            ended = np.flatnonzero(truncated)
+            final_info = {k: v.copy() for k, v in info.items()}
+            info["final_obs"] = obs
+            info["_final_obs"] = truncated.copy()
+            info["final_info"] = final_info
+            info["_final_info"] = truncated.copy()
+            self._reset_envs(ended)
+            fresh = self._serve(ended, np.full(len(ended), self._weights[0]))
+            for k, v in fresh.items():
+                last[k][ended] = v
+            for k in info["final_info"]:
+                if k in fresh:
+                    info[k][ended] = fresh[k]
+            info["t"][ended] = 0
+            info["scaling_blocked"][ended] = False
+            obs = self._observation()
+        return obs, reward, np.zeros(self.num_envs, bool), truncated, info
+
+    def _observation(self):
+        cfg, last = self.config, self.last
+        arrivals = last["arrivals"]
+        with np.errstate(divide="ignore"):
+            per_arrival = np.where(arrivals > 0, 1.0 / arrivals, 0.0)
+        cycle = self._cycle[(self.t + 1) % cfg.load_params.period]
+        influx = arrivals / self._proto._ref_capacity
+        influx_long = self.slow_influx / self._proto._ref_capacity
+        trend = (self.fast_influx - self.slow_influx) / np.maximum(self.slow_influx, 1.0)
+        latency = last["latency_ms"] / cfg.latency_slo
+        progress = self.t / cfg.episode_length
+        per_queue = (lambda q: q / cfg.max_queue) if cfg.max_queue > 0 else (lambda q: np.zeros_like(q))
+        if not self.multi:
+            values = np.stack([
+                last["utilisation"], last["running_utilisation"], per_queue(last["queue"]),
+                last["running_instances"] / cfg.max_instances, last["booting_instances"] / cfg.max_instances,
+                influx, influx_long, trend, latency, last["dropped"] * per_arrival, cycle[:, 0], cycle[:, 1],
+                progress,
+            ], axis=1)
+            space = self.single_observation_space
+            return np.clip(values.astype(np.float32), space.low, space.high)
+        macro = np.concatenate([
+            self.running / cfg.max_instances, last["booting_per_tier"] / cfg.max_instances,
+            np.stack([last["provisioned_capacity"] / self._proto._max_capacity,
+                      last["cost_rate"] / self._proto._max_cost_rate, last["priority_weight"], influx_long,
+                      cycle[:, 0], cycle[:, 1], progress], axis=1),
+        ], axis=1)
+        micro = np.stack([
+            last["utilisation"], last["running_utilisation"], per_queue(self.queue_high), per_queue(self.queue_low),
+            influx, trend, latency, (last["dropped"] - last["dropped_low_priority"]) * per_arrival,
+            last["dropped_low_priority"] * per_arrival,
+        ], axis=1)
+        macro = np.clip(macro.astype(np.float32), self._proto._macro_space.low, self._proto._macro_space.high)
+        micro = np.clip(micro.astype(np.float32), self._proto._micro_space.low, self._proto._micro_space.high)
+        if self.config.observation_split:
+            return {"macro": macro, "micro": micro}
+        return np.concatenate([macro, micro], axis=1)
+
+
 __all__ = [
     "ACTION_ADD",
     "ACTION_KEEP",
@@ -606,6 +877,7 @@ __all__ = [
     "MICRO_UTILISATION",
     "OBSERVATION_NAMES",
     "OBS_UTILISATION",
+    "AutoscalingBatch",
     "AutoscalingConfig",
     "AutoscalingEnv",
     "AutoscalingMultiConfig",

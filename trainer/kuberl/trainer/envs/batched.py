@@ -24,6 +24,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from kuberl.trainer.envs.autoscaling import AutoscalingConfig, AutoscalingMultiConfig
 from kuberl.trainer.envs.tictactoe import TicTacToeConfig
 
 
@@ -133,12 +134,23 @@ def _tictactoe(num_envs: int, max_episode_steps: int | None, **kwargs):
 
 _TICTACTOE_KWARGS = {f.name for f in dataclasses.fields(TicTacToeConfig)}
 
+
+def _autoscaling(multi: bool):
+    def factory(num_envs: int, max_episode_steps: int | None, **kwargs):
+        from kuberl.trainer.envs.autoscaling import AutoscalingBatch
+
+        return None if max_episode_steps is not None else AutoscalingBatch(num_envs, multi=multi, **kwargs)
+
+    return factory
+
 #: env id -> (factory of the batched version, kwargs it takes); used when the job's kwargs fit.
 BATCHED = {
     "CartPole-v1": (_cartpole, {"sutton_barto_reward"}),
     "kuberl.trainer.envs.latency:LatencyEnv": (_latency, {"step_seconds", "episode_steps"}),
     "kuberl/TicTacToe-v0": (_tictactoe, _TICTACTOE_KWARGS),
     "kuberl.trainer.envs.tictactoe:TicTacToeEnv": (_tictactoe, _TICTACTOE_KWARGS),
+    "kuberl/Autoscaling-v0": (_autoscaling(False), {f.name for f in dataclasses.fields(AutoscalingConfig)}),
+    "kuberl/AutoscalingMulti-v0": (_autoscaling(True), {f.name for f in dataclasses.fields(AutoscalingMultiConfig)}),
 }
 
 

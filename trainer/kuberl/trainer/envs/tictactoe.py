@@ -391,7 +391,8 @@ class TicTacToeBatch(VectorEnv):
     episodes step for step (tests/test_batched_envs.py). A "self" opponent is asked for all games
     at once: `policy.batch(obs (M, 18), mask (M, 9)) -> cells (M,)` when the policy offers it,
     else one call per game. `info` carries `action_mask` (and `final_obs`, `final_info["action_mask"]`
-    for ended games); the per-game strings (`outcome`, `opponent`) are left out.
+    and `final_info["illegal_move"]` for ended games); the per-game strings (`outcome`, `opponent`)
+    are left out.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -527,12 +528,15 @@ class TicTacToeBatch(VectorEnv):
         reward[illegal] = float(self.config.illegal_move_reward)
         obs = self._obs(self.boards)
         mask = self.boards == 0
-        info: dict[str, Any] = {"action_mask": mask, "illegal_move": illegal}
+        info: dict[str, Any] = {"action_mask": mask}
         if terminated.any():
+            # As SyncVectorEnv: an ended game's last step goes to final_obs / final_info (every
+            # game ends there, so `illegal_move` is only in final_info), its reset takes its place.
             ended = np.flatnonzero(terminated)
             info["final_obs"] = obs.copy()
             info["_final_obs"] = terminated.copy()
-            info["final_info"] = {"action_mask": mask.copy(), "_action_mask": terminated.copy()}
+            info["final_info"] = {"action_mask": mask.copy(), "_action_mask": terminated.copy(),
+                                  "illegal_move": illegal, "_illegal_move": terminated.copy()}
             info["_final_info"] = terminated.copy()
             self._reset_envs(ended)
             obs[ended] = self._obs(self.boards[ended])

@@ -1,0 +1,149 @@
+"""KubeRL's own envs, per-env vs numpy-batched: raw step rates and one rollout worker's rate.
+
+    .venv/bin/python bench/bench_batched_envs.py [--envs 64] [--seconds 2] [--output bench/results/batched_envs.json]
+
+For Tic-Tac-Toe (examples/tictactoe-dqn.yaml's kwargs: self-play opponent, half its moves random) and
+Autoscaling-v0 / AutoscalingMulti-v0 (default kwargs), with `--envs` copies in this process, pinned to
+one core (the first of its affinity):
+  - raw, reference: gymnasium SyncVectorEnv of the per-env env (autoreset SAME_STEP), random legal
+    actions; what a rollout worker stepped before the batched envs;
+  - raw, batched: TicTacToeBatch / AutoscalingBatch, the same actions (tests/test_batched_envs.py
+    checks they run the same episodes step for step);
+  - worker: one RolloutWorker (plain class) on the batched env, `sample_offpolicy` with the DQN
+    policy of the env's example job (64 steps per call, new weights every call, as in training).
+    Tic-Tac-Toe's self-play opponent is a frozen copy of that policy in all three.
+Measured in turns (reference, batched, worker, repeated), the median of `--repeats` rounds; the load
+average is recorded (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench_rollout import REPO, interleaved_rates  # noqa: E402
+
+EXAMPLES = {
+    "kuberl/TicTacToe-v0": "tictactoe-dqn.yaml",
+    "kuberl/Autoscaling-v0": "autoscaling-dqn.yaml",
+    "kuberl/AutoscalingMulti-v0": "autoscaling-dqn.yaml",
+}
+
+
+def _algorithm(env_id: str, env):
+    import torch
+    from kuberl.api.load import load_job_file
+    from kuberl.trainer.algorithms.base import algorithm_for
+    from kuberl.trainer.spaces import space_info
+
+    torch.set_num_threads(1)
+    job = load_job_file(REPO / "examples" / EXAMPLES[env_id])
+    spec = job.spec
+    if env_id.endswith("Multi-v0"):  # MultiDiscrete actions: the autoscaling BDQ example's algorithm
+        spec = load_job_file(REPO / "examples" / "autoscaling-bdq.yaml").spec
+    info = space_info(env.single_observation_space, env.single_action_space)
+    return algorithm_for(spec, info, torch.device("cpu"), 0, 100_000)
+
+
+def _kwargs(env_id: str) -> dict:
+    if env_id == "kuberl/TicTacToe-v0":
+        import yaml
+
+        return yaml.safe_load((REPO / "examples" / EXAMPLES[env_id]).read_text())["spec"]["environment"]["kwargs"]
+    return {}
+
+
+def steppers(env_id: str, n: int):
+    from kuberl.trainer.rollout import RolloutWorker, make_vector_env
+
+    kwargs = _kwargs(env_id)
+    reference = make_vector_env(env_id, kwargs, n, batched=False)
+    batched = make_vector_env(env_id, kwargs, n)
+    algo = _algorithm(env_id, batched)
+    if env_id == "kuberl/TicTacToe-v0":
+        from kuberl.trainer.selfplay import FrozenOpponent
+
+        opponent = FrozenOpponent()
+        worker = RolloutWorker(env_id, kwargs, n, 0, algo.policy_config())
+        worker.set_weights(algo.weights(), 0)
+        opponent.refresh(worker.policy, 0)
+        for env in reference.envs:
+            env.unwrapped.set_opponent_policy(opponent)
+        batched.set_opponent_policy(opponent)
+    else:
+        worker = RolloutWorker(env_id, kwargs, n, 0, algo.policy_config())
+    space = batched.single_action_space
+    rng = np.random.default_rng(0)
+    chunk = 32
+
+    def raw(env):
+        _obs, info = env.reset(seed=0)
+        state = {"info": info}
+
+        def run() -> int:
+            for _ in range(chunk):
+                mask = state["info"].get("action_mask")
+                if mask is not None:
+                    actions = np.argmax(rng.random((n, 9)) + np.asarray(mask, bool), axis=1)
+                elif isinstance(space, gym.spaces.MultiDiscrete):
+                    actions = rng.integers(0, space.nvec, (n, len(space.nvec)))
+                else:
+                    actions = rng.integers(0, space.n, n)
+                _obs, _r, _te, _tr, state["info"] = env.step(actions)
+            return chunk * n
+
+        return run
+
+    version = [0]
+
+    def work() -> int:
+        version[0] += 1
+        return worker.sample_offpolicy(algo.weights(), version[0], 64, 0.1, 0.99, 1)["env_steps"]
+
+    return {"reference_sync_vector_env": raw(reference), "batched": raw(batched), "worker_on_batched": work}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "batched_envs.json")
+    args = p.parse_args()
+    core = sorted(os.sched_getaffinity(0))[0]
+    os.sched_setaffinity(0, {core})
+    started = time.time()
+    results = {}
+    for env_id in EXAMPLES:
+        rates = interleaved_rates(steppers(env_id, args.envs), args.seconds, args.repeats)
+        ref, bat = rates["reference_sync_vector_env"]["steps_per_second"], rates["batched"]["steps_per_second"]
+        rates["batched_over_reference"] = round(bat / ref, 2)
+        rates["worker_over_batched_raw"] = round(rates["worker_on_batched"]["steps_per_second"] / bat, 3)
+        results[env_id] = rates
+        print(env_id, json.dumps({k: v if not isinstance(v, dict) else v["steps_per_second"] for k, v in rates.items()}))
+    out = {
+        "benchmark": "KubeRL envs: per-env SyncVectorEnv vs numpy-batched, and one rollout worker (env steps/s, one core)",
+        "command": f".venv/bin/python bench/bench_batched_envs.py --envs {args.envs} --seconds {args.seconds} "
+                   f"--repeats {args.repeats}",
+        "machine": {"cpus": os.cpu_count(), "processor": platform.machine(), "python": platform.python_version(),
+                    "pinned_core": core, "note": "cores shared with other work; see loadavg_1min per rate"},
+        "envs": args.envs,
+        "wall_seconds": round(time.time() - started, 1),
+        "results": results,
+    }
+    args.output.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
