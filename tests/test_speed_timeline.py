@@ -65,6 +65,28 @@ def test_kuberl_train_writes_the_split_from_process_start(tmp_path, job_dict):
     assert 0 < split["total"] <= wall + 0.5  # counted from process start, never beyond its end
     assert split["startup_detail"]["before_train"] > 0 and split["collection"] > 0 and split["learning"] > 0
     assert "whole run" in proc.stdout and "start-up" in proc.stdout
-    for name in ("evaluation.json", "learning_curve.png", "metrics.csv"):
+    for name in ("evaluation.json", "learning_curve.svg", "metrics.csv"):
         assert (run_dir / name).stat().st_size > 0
     assert list((run_dir / "checkpoints").iterdir())
+
+
+def test_learning_curve_svg_is_well_formed_and_draws_every_point():
+    import xml.etree.ElementTree as ET
+
+    from kuberl.trainer.report import learning_curve_svg
+
+    points = [(1024.0 * i, 20.0 + 5.0 * i) for i in range(1, 101)]  # crosses 475 at i = 91
+    svg = learning_curve_svg(points, 475.0, title="cartpole <ppo> & co", xlabel="environment steps",
+                             ylabel="mean return")
+    root = ET.fromstring(svg)  # parses: the title's < and & are escaped
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    line = root.find("s:polyline", ns)
+    coords = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
+    assert len(coords) == len(points)
+    xs, ys = [c[0] for c in coords], [c[1] for c in coords]
+    assert xs == sorted(xs) and ys == sorted(ys, reverse=True)  # steps rightwards, rising return upwards
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "cartpole <ppo> & co" in texts and "target 475" in texts and "100k" in texts
+    target_y = [float(e.get("y1")) for e in root.findall("s:line", ns) if e.get("stroke") == "#d62728"]
+    assert len(target_y) == 1 and min(ys) < target_y[0] < max(ys)  # the curve crosses the target line
+    assert ET.fromstring(learning_curve_svg([], None, "t", "x", "y")).find("s:polyline", ns) is None

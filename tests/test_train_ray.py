@@ -75,7 +75,7 @@ def test_ppo_with_two_workers_serves_growing_counters(local_ray, job_dict, tmp_p
                       "environment": "CartPole-v1"}
     # Each iteration collects 64 steps x 4 envs from each of the two workers.
     assert first["kuberl_env_steps_total"] == 2 * 64 * 4 * 2
-    for name in ("metrics.jsonl", "metrics.csv", "learning_curve.png", "evaluation.json", "job.yaml"):
+    for name in ("metrics.jsonl", "metrics.csv", "learning_curve.svg", "evaluation.json", "job.yaml"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert json.loads((tmp_path / "evaluation.json").read_text())["deterministic"]["episodes"] == 4
 

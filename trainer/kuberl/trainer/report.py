@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import escape
 
 import yaml
 
@@ -126,8 +128,8 @@ class RunReport:
         log.debug("checkpoint %s", path)
 
     def training_done(self) -> None:
-        """Training is over: close the metrics file and draw the learning curve in the background
-        (matplotlib takes about a second to import) while the workers evaluate."""
+        """Training is over: close the metrics file and write metrics.csv and the learning curve in the
+        background while the workers evaluate."""
         if self._progress is not None:
             self._progress.update(self._task, completed=100.0)
             self._progress.stop()
@@ -146,7 +148,7 @@ class RunReport:
 
     def finish(self, counters: dict[str, Any], mean_return: float | None, evaluation: dict[str, Any],
                reason: str, ray_seconds: float, timeline: Timeline | None = None) -> None:
-        """Write evaluation.json, summary.json, metrics.csv and learning_curve.png; `final` prints the table."""
+        """Write evaluation.json, summary.json, metrics.csv and learning_curve.svg; `final` prints the table."""
         self.training_done()
         self._drawing.join()
         summary = {"job": self.job.metadata.name, "stopped_by": reason, "mean_return": mean_return,
@@ -182,27 +184,13 @@ class RunReport:
             writer.writerows(rows)
 
     def _plot(self, rows: list[dict[str, Any]]) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         pts = [(r["env_steps"], r["mean_return"]) for r in rows if r.get("mean_return") is not None]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#1f77b4")
-        target = self.job.spec.stopping.target_return
-        if target is not None:
-            ax.axhline(target, color="#d62728", linestyle="--", linewidth=1, label=f"target {target:g}")
-            ax.legend(loc="lower right")
         spec = self.job.spec
-        ax.set_title(f"{self.job.metadata.name}: {spec.algorithm.name.value} on {spec.environment.id}")
-        ax.set_xlabel("environment steps")
-        ax.set_ylabel(f"mean return (last {spec.stopping.return_window} episodes)")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(self.run_dir / "learning_curve.png", dpi=100)
-        plt.close(fig)
+        svg = learning_curve_svg(
+            pts, spec.stopping.target_return,
+            title=f"{self.job.metadata.name}: {spec.algorithm.name.value} on {spec.environment.id}",
+            xlabel="environment steps", ylabel=f"mean return (last {spec.stopping.return_window} episodes)")
+        (self.run_dir / "learning_curve.svg").write_text(svg)
 
     def _print_summary(self, summary: dict[str, Any]) -> None:
         from rich.console import Console
@@ -254,3 +242,74 @@ def _time_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:
         ("  evaluation / report", f"{split['evaluation']:.1f} s / {split['report']:.1f} s"),
         ("  shutdown", f"{split['shutdown']:.1f} s"),
     ]
+
+
+def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values covering [low, high]: steps of 1, 2 or 5 times a power of ten."""
+    span = high - low
+    if span <= 0:
+        return [low]
+    raw = span / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.ceil(low / step) * step
+    return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def _label(value: float) -> str:
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:g}M"
+    if abs(value) >= 1e3:
+        return f"{value / 1e3:g}k"
+    return f"{value:g}"
+
+
+def learning_curve_svg(points: list[tuple[float, float]], target: float | None, title: str, xlabel: str,
+                       ylabel: str, width: int = 700, height: int = 400) -> str:
+    """The learning curve as a standalone SVG: mean return over env steps, the target as a dashed
+    line, axes with round ticks. Plain text, no plotting library: it is written while the workers
+    evaluate, and matplotlib's import alone took longer than the evaluation."""
+    left, right, top, bottom = 70, 20, 40, 50
+    pw, ph = width - left - right, height - top - bottom
+    xs = [p[0] for p in points] or [0.0, 1.0]
+    ys = [p[1] for p in points] + ([target] if target is not None else [])
+    ys = ys or [0.0, 1.0]
+    x0, x1 = min(0.0, min(xs)), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 <= x0:
+        x1 = x0 + 1.0
+    if y1 <= y0:
+        y0, y1 = y0 - 1.0, y1 + 1.0
+    pad = 0.05 * (y1 - y0)
+    y0, y1 = y0 - pad, y1 + pad
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return top + (y1 - y) / (y1 - y0) * ph
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2:.1f}" y="22" text-anchor="middle" font-size="14">{escape(title)}</text>']
+    for x in _ticks(x0, x1):
+        out.append(f'<line x1="{sx(x):.1f}" y1="{top}" x2="{sx(x):.1f}" y2="{top + ph}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{_label(x)}</text>')
+    for y in _ticks(y0, y1):
+        out.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + pw}" y2="{sy(y):.1f}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{_label(y)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
+    out.append(f'<text x="{left + pw / 2:.1f}" y="{height - 12}" text-anchor="middle">{escape(xlabel)}</text>')
+    out.append(f'<text transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" text-anchor="middle">'
+               f'{escape(ylabel)}</text>')
+    if target is not None:
+        out.append(f'<line x1="{left}" y1="{sy(target):.1f}" x2="{left + pw}" y2="{sy(target):.1f}" '
+                   f'stroke="#d62728" stroke-dasharray="6 4"/>')
+        out.append(f'<text x="{left + pw - 4}" y="{sy(target) - 5:.1f}" text-anchor="end" fill="#d62728">'
+                   f'target {target:g}</text>')
+    if points:
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+        out.append(f'<polyline points="{path}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
