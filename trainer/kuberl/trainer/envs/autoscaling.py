@@ -56,6 +56,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from kuberl.trainer.envs.kwargs import config_from_kwargs
+from kuberl.trainer.envs.seeding import per_env_seeds
 from kuberl.trainer.envs.load_patterns import LOAD_PATTERNS, LoadParams, check_pattern, generate_load
 
 ACTION_REMOVE, ACTION_KEEP, ACTION_ADD = 0, 1, 2
@@ -653,10 +654,7 @@ class AutoscalingBatch(VectorEnv):
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
-            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"{len(seeds)} seeds given for {self.num_envs} envs")
-            self._seed_all(seeds)
+            self._seed_all(per_env_seeds(seed, self.num_envs))
         self._reset_envs(np.arange(self.num_envs))
         # Interval 0 is served before the agent acts, as the per-env reset does.
         self.last = self._serve(slice(None), np.full(self.num_envs, self._weights[0]))

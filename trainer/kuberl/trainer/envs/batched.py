@@ -25,6 +25,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from kuberl.trainer.envs.autoscaling import AutoscalingConfig, AutoscalingMultiConfig
+from kuberl.trainer.envs.seeding import per_env_seeds
 from kuberl.trainer.envs.tictactoe import TicTacToeConfig
 
 
@@ -73,10 +74,7 @@ class CartPoleBatch(VectorEnv):
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
-            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"{len(seeds)} seeds given for {self.num_envs} envs")
-            self._seed_all(seeds)
+            self._seed_all(per_env_seeds(seed, self.num_envs))
         self._reset_envs(np.arange(self.num_envs))
         return self.state.astype(np.float32), {}
 
