@@ -193,7 +193,7 @@ def main() -> None:
         "efficiency": "throughput(k) / (k x throughput(1)); vs_ideal: throughput(k) / (k x envs / step_seconds)",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
                     "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                    "note": "shared 2-core machine; other agents' jobs ran concurrently"},
+                    "note": "shared 2-core machine: the load averages say how busy it was"},
         "argv": sys.argv[1:], "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "results": results, "target_k16": target,
     }
