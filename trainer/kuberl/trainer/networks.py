@@ -15,8 +15,42 @@ def _layer_init(layer: nn.Linear, std: float = float(np.sqrt(2)), bias: float = 
     return layer
 
 
+class _NumpyTanh(torch.autograd.Function):
+    """tanh with numpy's forward pass: torch 2.x's CPU tanh takes ~40 us for a 256x64 float32 batch
+    here, numpy's ~3 us (and the rollout workers' numpy policies use numpy's, so the learner now
+    computes the very activations they act on). The backward pass is torch's own tanh_backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(nn.Module):
+    """nn.Tanh, computed by numpy on the CPU for float32/float64 (see `_NumpyTanh`), else by torch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not torch.jit.is_tracing():
+            return _NumpyTanh.apply(x)
+        return torch.tanh(x)
+
+
 def _activation(name: str) -> nn.Module:
-    return nn.Tanh() if name == "tanh" else nn.ReLU()
+    return Tanh() if name == "tanh" else nn.ReLU()
+
+
+def categorical_logp_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of `actions` and entropy of the categorical distribution over the last axis:
+    what torch.distributions.Categorical(logits=...) gives, in four ops instead of about fifteen."""
+    logp = torch.log_softmax(logits, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
 
 
 class MLP(nn.Module):
@@ -69,14 +103,14 @@ class ActorCritic(nn.Module):
         if kind == "Discrete":
             if mask is not None:
                 out = out.masked_fill(~mask.bool(), -1e9)
-            dist = torch.distributions.Categorical(logits=out, validate_args=False)  # hot path: skip checks
-            return dist.log_prob(actions.long()), dist.entropy(), self.value(obs)
+            logp, entropy = categorical_logp_entropy(out, actions)
+            return logp, entropy, self.value(obs)
         if kind == "MultiDiscrete":
             logps, ents, start = 0.0, 0.0, 0
             for j, n in enumerate(self.info.action_dims):
-                dist = torch.distributions.Categorical(logits=out[:, start : start + n], validate_args=False)
-                logps = logps + dist.log_prob(actions[:, j].long())
-                ents = ents + dist.entropy()
+                logp, entropy = categorical_logp_entropy(out[:, start : start + n], actions[:, j])
+                logps = logps + logp
+                ents = ents + entropy
                 start += n
             return logps, ents, self.value(obs)
         std = self.log_std.exp().expand_as(out)

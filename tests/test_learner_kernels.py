@@ -1,5 +1,7 @@
-"""FusedAdam against torch.optim.Adam(fused=True): the same updates bit for bit, the same state_dict
-format in both directions, and a learner that never imports torch._dynamo."""
+"""The learner's own kernels against torch's: FusedAdam against torch.optim.Adam(fused=True) (the same
+updates bit for bit, the same state_dict format both ways, and a learner that never imports
+torch._dynamo), the numpy-forward Tanh against torch.tanh, and the categorical log-prob and entropy
+against torch.distributions.Categorical."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import textwrap
 import pytest
 import torch
 
+from kuberl.trainer.networks import Tanh, categorical_logp_entropy
 from kuberl.trainer.optim import FusedAdam
 
 
@@ -145,3 +148,45 @@ def test_the_learner_never_imports_torch_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_tanh_matches_torch_forward_and_backward():
+    gen = torch.Generator().manual_seed(3)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float64, 1e-14)):
+        x = (torch.randn(64, 33, generator=gen, dtype=dtype) * 3).requires_grad_(True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        y, y_ref = Tanh()(x), torch.tanh(x_ref)
+        assert y.dtype == dtype and y.shape == x.shape
+        torch.testing.assert_close(y, y_ref, atol=tol, rtol=0)
+        upstream = torch.randn(64, 33, generator=gen, dtype=dtype)
+        y.backward(upstream)
+        y_ref.backward(upstream)
+        torch.testing.assert_close(x.grad, x_ref.grad, atol=10 * tol, rtol=0)
+    xd = torch.randn(6, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    assert torch.autograd.gradcheck(Tanh(), (xd,))
+    # a non-contiguous input (a column slice) and no-grad inference
+    wide = torch.randn(8, 10, generator=gen)
+    with torch.no_grad():
+        torch.testing.assert_close(Tanh()(wide[:, ::3]), torch.tanh(wide[:, ::3]), atol=1e-6, rtol=0)
+    # traced graphs (TorchScript, ONNX) get torch's op, which they can serialise
+    traced = torch.jit.trace(Tanh(), torch.randn(2, 3))
+    assert "aten::tanh" in str(traced.graph)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_categorical_logp_entropy_matches_torch_distributions(masked):
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(300, 7, generator=gen, dtype=torch.float64) * 4
+    if masked:  # the way ActorCritic masks illegal actions; every row keeps at least one
+        mask = torch.rand(300, 7, generator=gen) < 0.6
+        mask[:, 0] = True
+        logits = logits.masked_fill(~mask, -1e9)
+    actions = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(-1)
+    logits.requires_grad_(True)
+    logp, entropy = categorical_logp_entropy(logits, actions)
+    dist = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(logp, dist.log_prob(actions))
+    torch.testing.assert_close(entropy, dist.entropy())
+    assert torch.isfinite(logp).all() and torch.isfinite(entropy).all()
+    (logp.sum() + entropy.sum()).backward()
+    assert torch.isfinite(logits.grad).all()
