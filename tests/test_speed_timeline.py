@@ -42,10 +42,15 @@ def test_summary_table_rows():
 
 
 def test_kuberl_train_writes_the_split_from_process_start(tmp_path, job_dict):
-    """A whole `kuberl train` process: summary.json's phases cover it from process start to the end."""
+    """A whole `kuberl train` process: summary.json's phases cover it from process start to the end;
+    it exits 0, and no process of its embedded Ray outlives it (it leaves by os._exit, and Ray's
+    processes go after it: stopping them first raced its exit and sometimes turned 0 into 1)."""
     import json
+    import os
+    import shutil
     import subprocess
     import sys
+    import tempfile
 
     import yaml
 
@@ -55,11 +60,21 @@ def test_kuberl_train_writes_the_split_from_process_start(tmp_path, job_dict):
     path.write_text(yaml.safe_dump(job_dict))
     run_dir = tmp_path / "run"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--workers", "1",
-                           "--run-dir", str(run_dir), "--no-progress", "--metrics-port", "0"],
-                          capture_output=True, text=True, timeout=300)
-    wall = time.perf_counter() - t0
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Its own Ray directory (short: Ray's socket paths must fit 107 bytes): every process of that Ray
+    # holds a log file open in it, which is how the ones left behind are found.
+    ray_dir = tempfile.mkdtemp(prefix="krl-", dir="/tmp")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--workers", "1",
+                               "--run-dir", str(run_dir), "--no-progress", "--metrics-port", "0"],
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, RAY_TMPDIR=ray_dir))
+        wall = time.perf_counter() - t0
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        deadline = time.monotonic() + 30  # a generous bound on the clean-up, not a timing assumption
+        while _processes_using(ray_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_using(ray_dir) == []
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
     split = json.loads((run_dir / "summary.json").read_text())["time_split"]
     assert abs(sum(split[p] for p in PHASES) - split["total"]) < 0.05
     assert 0 < split["total"] <= wall + 0.5  # counted from process start, never beyond its end
@@ -68,6 +83,23 @@ def test_kuberl_train_writes_the_split_from_process_start(tmp_path, job_dict):
     for name in ("evaluation.json", "learning_curve.svg", "metrics.csv"):
         assert (run_dir / name).stat().st_size > 0
     assert list((run_dir / "checkpoints").iterdir())
+
+
+def _processes_using(directory: str) -> list[str]:
+    """Command lines of live processes holding a file open under `directory` (Linux /proc)."""
+    import os
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if not any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(directory + "/") for fd in fds):
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found.append(f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace")[:120])
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
 
 
 def test_learning_curve_svg_is_well_formed_and_draws_every_point():

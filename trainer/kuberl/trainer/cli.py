@@ -82,8 +82,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         seed=args.seed,
         device=args.device,
         started_at=_process_start(),
-        # A whole `kuberl train` process tells its embedded Ray to stop and leaves by os._exit below,
-        # instead of stopping Ray's processes one by one (about 1.5 s).
+        # A whole `kuberl train` process leaves by os._exit below and its embedded Ray goes with it
+        # (`stop_local_ray_after_exit`), instead of stopping Ray's processes one by one (about 1.5 s).
         exit_after=getattr(args, "exit_when_done", False),
     )
     try:

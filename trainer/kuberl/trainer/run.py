@@ -21,7 +21,7 @@ import ray
 from kuberl.api.job import CollectionMode, Device, RLTrainingJob
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from kuberl.trainer.report import RunReport, Timeline
-from kuberl.trainer.workers import WorkerSet, signal_local_ray_to_stop, start_ray
+from kuberl.trainer.workers import WorkerSet, start_ray, stop_local_ray_after_exit
 
 # torch (about 1 s to import) is imported by `_build_learner`, in a thread that runs while Ray starts.
 
@@ -41,7 +41,7 @@ class TrainOptions:
     device: str | None = None
     shutdown_ray: bool = True
     started_at: float | None = None  # time.perf_counter() at process start (the CLI gives it); else train()'s start
-    exit_after: bool = False  # the caller ends the process right after: stop an embedded Ray without waiting
+    exit_after: bool = False  # the caller ends the process right after: its embedded Ray goes with it
     on_iteration: Callable[[dict[str, Any], Any], None] | None = None  # (row, loop): tests and benchmarks observe
 
 
@@ -144,11 +144,14 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     stop_signal = {"set": False}
 
     def _on_term(signum, frame):  # a pod being deleted: checkpoint and leave cleanly
+        if not stop_signal["set"]:
+            log.warning("SIGTERM received: checkpointing and stopping")
         stop_signal["set"] = True
 
     previous_term = None
     workers = None
     reason = None
+    failed = False
     try:
         try:
             ray_seconds = start_ray(options.ray_address, replicas)
@@ -186,6 +189,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
         wait_before = counters.learner_wait
         reason = loop.run()
+        log.info("training stopped: %s", reason)
         collected = counters.learner_wait - wait_before
         timeline.mark_split("collection", collected, "learning")
         report.training_done()  # the learning curve is drawn in the background while the workers evaluate
@@ -206,6 +210,14 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         timeline.mark("report")
         result = TrainResult(True, reason, counters, mean_return, evaluation, run_dir, ray_seconds,
                              metrics_port, loop.solved_at)
+    except BaseException as err:
+        # Stopped the slow, orderly way below (a fast stop takes the object store away first, and Ray's
+        # core worker then ends this process before the error reaches the caller). An unexpected
+        # error is logged here as well, with its traceback, in case anything still ends it sooner.
+        failed = True
+        if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError)):
+            log.error("training failed: %s", err, exc_info=True)
+        raise
     finally:
         report.close()
         # A learner pod stopped by SIGTERM (deleted, suspended, a new Ray head) leaves its cluster as it
@@ -213,7 +225,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         leaving = cluster and reason == "signal"
         if workers is not None and not leaving:
             workers.shutdown()
-        if options.exit_after and not cluster and signal_local_ray_to_stop():
+        if options.exit_after and not cluster and not failed and stop_local_ray_after_exit():
             pass  # the process exits next; the metrics server's thread goes with it
         else:
             metrics.close()

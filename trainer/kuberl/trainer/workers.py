@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -156,27 +156,31 @@ def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable
     return polling
 
 
-def signal_local_ray_to_stop() -> bool:
-    """For a process about to exit: ask every process of the Ray this process started to stop
-    (SIGTERM, all at once; the raylet stops its workers and agents) and return without waiting.
-    `ray.shutdown()` stops them one by one, waiting up to a second for each. Returns False, doing
-    nothing, when this process did not start the Ray it is connected to."""
+def stop_local_ray_after_exit() -> bool:
+    """For a process about to end with os._exit: make sure the embedded Ray it started goes with it,
+    without stopping any of it now. `ray.shutdown()` stops Ray's processes one by one (about 1.5 s);
+    stopping them from here while this process still runs raced its own exit: Ray's core worker ends
+    a driver whose object store went away, with status 1, and sometimes won (1 run in 15).
+
+    Ray starts its head processes (GCS, raylet, log monitor) to die with this process; the raylet's
+    own children (its agents and worker processes) would linger, the agents for good. A detached
+    shell waits for this process to be gone, then kills those children (each only if it is still a
+    Ray process: its pid may have been reused). Returns False, doing nothing, when this process did
+    not start the Ray it is connected to."""
     node = getattr(ray._private.worker, "_global_node", None)  # ray 2.x: the Node ray.init started
     if node is None or not node.is_head():
         return False
-    # The raylet's own children (its agents, workers) first: stopped with it they would linger
-    # for a minute each. Then the raylet and the rest, all at once.
-    raylets = [info.process for info in node.all_processes.get("raylet", [])]
-    children = [child for proc in raylets for child in _child_pids(proc.pid)]
-    for kind, infos in list(node.all_processes.items()):
-        for info in infos:
-            if info.process.poll() is None:
-                info.process.terminate()
-    for pid in children:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:  # already gone
-            pass
+    heads = [info.process.pid for infos in node.all_processes.values() for info in infos]
+    raylets = [info.process.pid for info in node.all_processes.get("raylet", [])]
+    children = [child for pid in raylets for child in _child_pids(pid)]
+    script = (
+        'while [ -e "/proc/$0" ] && ! grep -q "^State:.Z" "/proc/$0/status" 2>/dev/null; do sleep 0.02; done; '
+        'for p in "$@"; do grep -qa ray "/proc/$p/cmdline" 2>/dev/null && kill -KILL "$p" 2>/dev/null; done; '
+        "exit 0"
+    )
+    subprocess.Popen(["/bin/sh", "-c", script, str(os.getpid()), *map(str, children + heads)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
     return True
 
 
