@@ -141,8 +141,8 @@ def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable
     from ray._private.state import GlobalState
 
     def polling(gcs_address: str, node_id: str) -> Any:
+        state = GlobalState()
         try:
-            state = GlobalState()
             state._initialize_global_state(gcs_options(gcs_address))
             deadline = time.monotonic() + 30.0
             while time.monotonic() < deadline:
@@ -151,6 +151,11 @@ def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable
                 time.sleep(0.02)
         except Exception as err:  # noqa: BLE001 - Ray's own call below decides; this only saves time
             log.debug("node table poll failed (%s); leaving it to ray", err)
+        finally:
+            try:
+                state.disconnect()
+            except Exception:  # noqa: BLE001 - nothing to release
+                pass
         return get_node(gcs_address, node_id)
 
     return polling
