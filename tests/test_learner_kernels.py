@@ -11,7 +11,6 @@ import textwrap
 
 import pytest
 import torch
-
 from kuberl.trainer.networks import Tanh, categorical_logp_entropy
 from kuberl.trainer.optim import FusedAdam
 
@@ -145,7 +144,7 @@ def test_the_learner_never_imports_torch_dynamo():
         assert build("PPO").learn([batch], 128).gradient_updates > 0
         print("torch._dynamo" in sys.modules)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 

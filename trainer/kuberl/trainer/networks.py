@@ -21,13 +21,13 @@ class _NumpyTanh(torch.autograd.Function):
     computes the very activations they act on). The backward pass is torch's own tanh_backward."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         y = torch.from_numpy(np.tanh(x.detach().numpy()))
         ctx.save_for_backward(y)
         return y
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
         return torch.ops.aten.tanh_backward(grad, y)
 

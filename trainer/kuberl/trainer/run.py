@@ -216,7 +216,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         # error is logged here as well, with its traceback, in case anything still ends it sooner.
         failed = True
         if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError)):
-            log.error("training failed: %s", err, exc_info=True)
+            log.exception("training failed")
         raise
     finally:
         report.close()
@@ -460,6 +460,18 @@ class _Loop:
         if not math.isnan(stats.loss):
             self.last_loss = stats.loss
 
+        # What needs Ray (a cluster's slot count asks its head) comes first, then the row, then the
+        # metrics: a learner that dies here (its head gone) must not have published an iteration that
+        # metrics.jsonl and its checkpoint never saw, or status.progress would go back on its restart.
+        ready, desired = len(self.workers.ready()), self.workers.desired()
+        row = {"iteration": self.c.iterations, "env_steps": self.c.env_steps, "episodes": self.c.episodes,
+               "wall_clock": round(self.c.wall_clock, 4), "mean_return": mean_return,
+               "episodes_per_second": eps_rate, "env_steps_per_second": step_rate, "loss": stats.loss,
+               "gradient_updates": self.c.gradient_updates, "workers_ready": ready,
+               "worker_nodes": len({b.get("node") for b in batches}),
+               "learner_wait": self.c.learner_wait, "worker_wait": self.c.worker_wait, **stats.extra}
+        self.report.iteration(row)
+
         m = self.metrics
         m.inc("kuberl_episodes_total", len(returns))
         m.inc("kuberl_env_steps_total", new_steps)
@@ -470,21 +482,13 @@ class _Loop:
         m.set("kuberl_training_wall_clock_seconds", self.c.wall_clock)
         if mean_return is not None:
             m.set("kuberl_episode_return_mean", mean_return)
-        m.set("kuberl_rollout_workers_ready", len(self.workers.ready()))
-        m.set("kuberl_rollout_workers_desired", self.workers.desired())
+        m.set("kuberl_rollout_workers_ready", ready)
+        m.set("kuberl_rollout_workers_desired", desired)
         m.inc("kuberl_rollout_worker_restarts_total", new_restarts)
         if not math.isnan(self.last_loss):
             m.set("kuberl_learner_loss", self.last_loss)
         m.inc("kuberl_learner_wait_seconds_total", new_wait)
         m.inc("kuberl_worker_weight_wait_seconds_total", worker_wait)
-
-        row = {"iteration": self.c.iterations, "env_steps": self.c.env_steps, "episodes": self.c.episodes,
-               "wall_clock": round(self.c.wall_clock, 4), "mean_return": mean_return,
-               "episodes_per_second": eps_rate, "env_steps_per_second": step_rate, "loss": stats.loss,
-               "gradient_updates": self.c.gradient_updates, "workers_ready": len(self.workers.ready()),
-               "worker_nodes": len({b.get("node") for b in batches}),
-               "learner_wait": self.c.learner_wait, "worker_wait": self.c.worker_wait, **stats.extra}
-        self.report.iteration(row)
         if self.options.on_iteration is not None:
             self.options.on_iteration(row, self)
         self.checkpoint()

@@ -154,8 +154,8 @@ def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable
         finally:
             try:
                 state.disconnect()
-            except Exception:  # noqa: BLE001 - nothing to release
-                pass
+            except Exception as err:  # noqa: BLE001 - nothing to release
+                log.debug("node table poll: disconnect failed (%s)", err)
         return get_node(gcs_address, node_id)
 
     return polling
