@@ -211,9 +211,9 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         result = TrainResult(True, reason, counters, mean_return, evaluation, run_dir, ray_seconds,
                              metrics_port, loop.solved_at)
     except BaseException as err:
-        # Stopped the slow, orderly way below (a fast stop takes the object store away first, and Ray's
-        # core worker then ends this process before the error reaches the caller). An unexpected
-        # error is logged here as well, with its traceback, in case anything still ends it sooner.
+        # A failed run stops its Ray the orderly way below: its caller goes on (to report the error),
+        # it does not leave by os._exit. An unexpected error is logged here first, with its traceback,
+        # in case Ray's teardown ends the process before the error reaches the caller.
         failed = True
         if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError)):
             log.exception("training failed")
