@@ -46,7 +46,6 @@ class FusedAdam:
         self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
-        self._started = [False] * len(self.params)  # torch.optim keeps no state for a parameter never stepped
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -67,7 +66,6 @@ class FusedAdam:
                 if p.grad.is_sparse:
                     raise RuntimeError("FusedAdam does not take sparse gradients")
                 by_device.setdefault((p.device, p.dtype), []).append(i)
-                self._started[i] = True
         for idx in by_device.values():
             steps = [self.steps[i] for i in idx]
             torch._foreach_add_(steps, 1)
@@ -80,9 +78,10 @@ class FusedAdam:
     # ---- torch.optim.Adam's state_dict format ------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        # Like torch.optim, no state for a parameter never stepped (its step count is still 0).
         state = {i: {"step": self.steps[i].clone(), "exp_avg": self.exp_avgs[i].clone(),
                      "exp_avg_sq": self.exp_avg_sqs[i].clone()}
-                 for i in range(len(self.params)) if self._started[i]}
+                 for i in range(len(self.params)) if self.steps[i].item() > 0}
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         group["params"] = list(range(len(self.params)))
         return {"state": state, "param_groups": [group]}
@@ -100,7 +99,6 @@ class FusedAdam:
             entry = state_dict["state"].get(key)
             p = self.params[i]
             if entry is None:
-                self._started[i] = False
                 self.steps[i].zero_()
                 self.exp_avgs[i].zero_()
                 self.exp_avg_sqs[i].zero_()
@@ -112,7 +110,6 @@ class FusedAdam:
                                      f"the parameter {tuple(p.shape)}")
                 dest[i] = value.detach().to(device=p.device, dtype=p.dtype).clone()
             self.steps[i] = torch.as_tensor(float(entry["step"]), dtype=torch.float32, device=p.device)
-            self._started[i] = True
         group = self.param_groups[0]
         group["lr"] = float(saved["lr"])
         group["betas"] = (float(saved["betas"][0]), float(saved["betas"][1]))

@@ -169,8 +169,8 @@ def stop_local_ray_after_exit() -> bool:
 
     Ray starts its head processes (GCS, raylet, log monitor) to die with this process; the raylet's
     own children (its agents and worker processes) would linger, the agents for good. A detached
-    shell waits for this process to be gone, then kills those children (each only if it is still a
-    Ray process: its pid may have been reused). Returns False, doing nothing, when this process did
+    shell waits for this process to be gone, then kills those children, and any head process still
+    there (each only if it is still a Ray process: its pid may have been reused). Returns False, doing nothing, when this process did
     not start the Ray it is connected to."""
     node = getattr(ray._private.worker, "_global_node", None)  # ray 2.x: the Node ray.init started
     if node is None or not node.is_head():
