@@ -156,7 +156,7 @@ def test_every_example_passes_every_rule(path):
 def test_good_job_passes_the_rules_and_the_model(case):
     manifest = job(GOOD[case])
     assert cel_violations(manifest) == []
-    parse_job(manifest, semantic=False)
+    parse_job(manifest)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -166,7 +166,7 @@ def test_bad_job_is_refused_by_the_rule_and_by_the_model(case):
     violations = cel_violations(manifest)
     assert any(path == where and message in text for path, text in violations), violations
     with pytest.raises(InvalidJob):
-        parse_job(manifest, semantic=False)
+        parse_job(manifest)
 
 
 def test_every_rule_in_the_crd_is_exercised_by_a_bad_job():

@@ -333,12 +333,33 @@ def test_learner_failure_restarts_within_backoff_limit_then_fails(cluster, opera
     cluster.set_pod_phase(NS, LEARNER, "Running")
     wait_phase(cluster, "Running")
 
-    cluster.set_pod_phase(NS, LEARNER, "Failed", exit_code=2)
+    cluster.set_pod_phase(NS, LEARNER, "Failed", exit_code=3)
     st = wait_phase(cluster, "Failed")
-    assert st["reason"] == "BackoffLimitExceeded" and "exited with code 2" in st["message"]
+    assert st["reason"] == "BackoffLimitExceeded" and "exited with code 3" in st["message"]
     wait_pods(cluster, {LEARNER})  # head and worker cleaned up; the failed learner kept for its logs
     assert condition(cluster, "Failed")["reason"] == "BackoffLimitExceeded"
     assert operator.sample("kuberl_operator_child_pod_restarts_total", component="learner") == 1
+
+
+def test_a_learner_that_refuses_its_spec_fails_the_job_as_invalid_spec_without_a_restart(cluster, operator, job_dict):
+    from kuberl.api.problems import InvalidJob, Problem
+
+    start_running(cluster, job_manifest(job_dict, replicas=1), 1)
+    report = InvalidJob([Problem("spec.environment.id", "cannot use the environment: module 'subprocess' has "
+                                 "function 'run', not 'run'", "subprocess:run")], JOB).report()
+    cluster.set_pod_phase(NS, LEARNER, "Failed", exit_code=2, message=report)
+    st = wait_phase(cluster, "Failed")
+    assert (st["reason"], st["message"]) == ("InvalidSpec", report)
+    assert st["learnerRestarts"] == 0
+    wait_pods(cluster, {LEARNER})  # head and worker deleted; the learner kept for its log
+    assert condition(cluster, "Failed")["reason"] == "InvalidSpec"
+    wait_passes(operator, 2)
+    assert set(pods(cluster)) == {LEARNER} and status(cluster)["phase"] == "Failed"
+
+    # Fixing the spec starts the job over, from new pods.
+    cluster.patch("rltj", JOB, {"spec": {"environment": {"id": "CartPole-v1", "kwargs": {}}}})
+    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
+    assert wait_phase(cluster, "Starting").get("reason") is None
 
 
 def test_head_failure_recreates_the_ray_cluster_never_staying_running(cluster, operator, job_dict):
@@ -535,6 +556,60 @@ def test_kuberl_operator_command_serves_liveness_and_metrics_and_runs_jobs(clust
             process.kill()
             output, _ = process.communicate()
     assert process.returncode == 0, output
+
+
+def test_the_operator_process_never_imports_or_calls_what_a_job_names(cluster, job_dict, tmp_path):
+    """A tenant's job names code: `subprocess:run`, `os:system`, gymnasium's `module:Env-vN` (a module that
+    acts on import). The real `kuberl-operator` runs none of it: each job gets a status, the operator stays
+    up, and a valid job beside them still reaches Running."""
+    import copy
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    touched = {name: tmp_path / f"{name}.touched" for name in ("run", "system", "on-import")}
+    (tmp_path / "kuberl_tenant_code.py").write_text(
+        f"open({str(touched['on-import'])!r}, 'w').close()\n"
+        "import gymnasium\ngymnasium.register('Evil-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
+    hostile = {
+        "run": ("subprocess:run", {"args": ["touch", str(touched["run"])]}),
+        "system": ("os:system", {"command": f"touch {touched['system']}"}),
+        "on-import": ("kuberl_tenant_code:Evil-v0", {}),
+        "unknown": ("CartPol-v1", {}),
+    }
+    script = pathlib.Path(sys.executable).parent / "kuberl-operator"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "kuberl.operator.main"]
+    # The tenant's module is importable from the operator's process: were anything imported, it would run.
+    env = {**cluster.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen([*command, "--namespace", NS, "--reconcile-interval", "0.5", "--log-format", "plain"],
+                               env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for key, (env_id, kwargs) in hostile.items():
+            body = copy.deepcopy(job_dict)
+            body["metadata"]["name"] = f"tenant-{key}"
+            body["spec"]["environment"] = {"id": env_id, "kwargs": kwargs}
+            cluster.create(job_manifest(body, replicas=1), namespace=NS)
+        cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+        wait_pods(cluster, {HEAD, LEARNER, worker(0)}, timeout=60)
+        run_all(cluster)
+        wait_phase(cluster, "Running", timeout=60)
+        # module:... ids are the learner pod's to check: their jobs start (their pods would refuse them).
+        for key in ("run", "system", "on-import"):
+            assert wait_phase(cluster, "Starting", name=f"tenant-{key}", timeout=60)
+        st = wait_phase(cluster, "Failed", name="tenant-unknown", timeout=60)
+        assert st["reason"] == "InvalidSpec" and "did you mean CartPole-v1" in st["message"]
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        try:
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+    assert process.returncode == 0, output
+    assert [path.name for path in touched.values() if path.exists()] == []
+    assert "Traceback" not in output, output
 
 
 # ---- API failures ----------------------------------------------------------------------------------------------

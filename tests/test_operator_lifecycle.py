@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from kuberl.api.job import Phase, Progress, RLTrainingJob, RLTrainingJobStatus
 from kuberl.api.load import InvalidJob, parse_job
+from kuberl.api.semantics import check_registered
 from kuberl.operator import builders, lifecycle
 from kuberl.operator import status as st_
 from kuberl.operator.builders import BuildOptions
@@ -36,10 +37,10 @@ class Sim:
 
     def job(self) -> tuple[RLTrainingJob | None, list]:
         try:
-            return parse_job(self.job_dict, strict_imports=False), []
+            return parse_job(self.job_dict, check=check_registered), []
         except InvalidJob as err:
             try:
-                return parse_job(self.job_dict, semantic=False), err.problems
+                return parse_job(self.job_dict), err.problems
             except InvalidJob:
                 return None, err.problems  # not even the schema holds (no API-server validation)
 

@@ -205,15 +205,17 @@ def test_metrics_url_template_resolves_per_learner(job_dict):
             == "http://cartpole-ppo-metrics.default.svc:8080/metrics")
 
 
-def test_the_operator_imports_neither_torch_nor_ray():
+def test_the_operator_imports_neither_torch_nor_ray_nor_the_trainer():
     code = (
         "import sys, json\n"
         "import kuberl.operator.main as m, kuberl.operator.handlers, kuberl.operator.lifecycle\n"
         "import kuberl.operator.rbac, kuberl.operator.metrics, kuberl.operator.status, kuberl.operator.runtime\n"
         "m._preload_validation()\n"
         "from kuberl.api.load import parse_job\n"
-        "import yaml; parse_job(yaml.safe_load(open('examples/cartpole-ppo.yaml')), strict_imports=False)\n"
-        "print(json.dumps(sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'ray'))))\n"
+        "import yaml; from kuberl.api.semantics import check_registered\n"
+        "parse_job(yaml.safe_load(open('examples/cartpole-ppo.yaml')), check=check_registered)\n"
+        "print(json.dumps(sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'ray')\n"
+        "                        or n.startswith('kuberl.trainer'))))\n"
     )
     from conftest import REPO
 

@@ -1,107 +1,150 @@
 """Checks a schema cannot express: the environment exists and the algorithm can act in its spaces.
 
-Imports gymnasium (numpy only), never torch or ray, so the operator can run it before it creates
-anything.
+Pure data: nothing here imports, calls or builds an environment. The rules take the spaces as
+`SpaceInfo`; the trainer describes a real environment's spaces with them (`kuberl.trainer.envs.resolve`),
+the operator takes them from `registered_envs.json`, a table the trainer generates of every registered
+id it can build (`kuberl-envs-table`). So the operator checks a registered id without running anything
+a tenant named, in microseconds, and the learner pod checks the rest with the same rules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import importlib
+import functools
+import json
+from importlib import resources
 from typing import Any
 
 from kuberl.api.job import ACTION_SPACES_SUPPORTED, AlgorithmName, RLTrainingJobSpec
-from kuberl.api.load import Problem
+from kuberl.api.problems import Problem
+
+#: gymnasium's id syntax `module:Env-vN` and KubeRL's `module:Class` both name code to import.
+MODULE_SEPARATOR = ":"
+TABLE_RESOURCE = "registered_envs.json"
+#: Keyword arguments gymnasium.make passes on to every environment.
+MAKE_KWARGS = ("render_mode",)
 
 
-def resolve_env_factory(env_id: str):
-    """Return a callable(**kwargs) -> env for a gymnasium id or `module:Class`."""
-    import gymnasium as gym
+@dataclasses.dataclass(frozen=True)
+class SpaceInfo:
+    """A gymnasium space as the rules need it: its class name and shape (JSON in the table)."""
 
-    import kuberl.trainer.envs  # noqa: F401  (registers kuberl/* ids)
+    kind: str
+    shape: tuple[int, ...] = ()
 
-    if ":" in env_id and not env_id.startswith("kuberl/"):
-        module_name, _, attr = env_id.partition(":")
-        module = importlib.import_module(module_name)
-        try:
-            return getattr(module, attr)
-        except AttributeError:
-            raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None
-    gym.spec(env_id)  # raises a gymnasium error for an unknown id
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpaceInfo:
+        return cls(str(data["kind"]), tuple(int(n) for n in data.get("shape") or ()))
 
-    def make(**kwargs: Any):
-        return gym.make(env_id, **kwargs)
-
-    return make
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "shape": list(self.shape)}
 
 
-def space_name(space: Any) -> str:
-    return type(space).__name__
+@dataclasses.dataclass(frozen=True)
+class RegisteredEnv:
+    """One row of the table: the spaces at default kwargs (None: not buildable where the table was
+    made) and the keyword arguments the constructor takes (None: any)."""
+
+    action: SpaceInfo | None
+    observation: SpaceInfo | None
+    params: tuple[str, ...] | None
 
 
-def check(spec: RLTrainingJobSpec, *, strict_imports: bool = True) -> list[Problem]:
-    """Return every semantic problem. strict_imports=False skips `module:Class` envs that do not import
-    here (the operator's image lacks the user's code; the learner checks them)."""
-    import gymnasium as gym
+def names_code(env_id: str) -> bool:
+    """Whether an id names a module to import (`module:Class`, `module:Env-vN`), not a registered id."""
+    return MODULE_SEPARATOR in env_id
 
-    problems: list[Problem] = []
+
+@functools.cache
+def registered_envs() -> dict[str, RegisteredEnv]:
+    raw = json.loads(resources.files("kuberl.api").joinpath(TABLE_RESOURCE).read_text())
+    table = {}
+    for env_id, row in raw["envs"].items():
+        table[env_id] = RegisteredEnv(
+            action=SpaceInfo.from_json(row["action"]) if row.get("action") else None,
+            observation=SpaceInfo.from_json(row["observation"]) if row.get("observation") else None,
+            params=tuple(row["params"]) if row.get("params") is not None else None,
+        )
+    return table
+
+
+def unknown_env_problem(env_id: str, known: list[str]) -> Problem:
+    close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return Problem(
+        "spec.environment.id",
+        "unknown environment: not a registered gymnasium id (e.g. CartPole-v1, kuberl/TicTacToe-v0) "
+        f"and not module:Class{hint}",
+        env_id,
+    )
+
+
+def unknown_kwargs_problem(spec: RLTrainingJobSpec, params: tuple[str, ...]) -> Problem | None:
+    allowed = sorted(set(params) | set(MAKE_KWARGS))
+    unknown = sorted(k for k in spec.environment.kwargs if k not in allowed)
+    if not unknown:
+        return None
+    return Problem("spec.environment.kwargs",
+                   f"the environment rejected its kwargs: {spec.environment.id} takes no argument "
+                   f"{', '.join(map(repr, unknown))}; it takes: {', '.join(allowed) or 'none'}",
+                   spec.environment.kwargs)
+
+
+def check_registered(spec: RLTrainingJobSpec) -> list[Problem]:
+    """The operator's check: the id against the table, never importing or building anything.
+
+    A `module:...` id is left to the learner pod, which runs the full check before it trains. The
+    spaces are those at default kwargs, so with kwargs given only their names are checked here."""
     env_id = spec.environment.id
-    try:
-        factory = resolve_env_factory(env_id)
-    except ImportError as err:
-        if not strict_imports:
-            return problems
-        problems.append(Problem("spec.environment.id", f"cannot import the environment class: {err}", env_id))
-        return problems
-    except gym.error.Error:
-        import kuberl.trainer.envs  # noqa: F401
+    if names_code(env_id):
+        return []
+    table = registered_envs()
+    row = table.get(env_id)
+    if row is None:
+        return [unknown_env_problem(env_id, sorted(table))]
+    if row.params is not None:
+        problem = unknown_kwargs_problem(spec, row.params)
+        if problem is not None:
+            return [problem]
+    if spec.environment.kwargs or row.action is None or row.observation is None:
+        return []
+    return check_spaces(spec, row.action, row.observation)
 
-        known = sorted(gym.registry.keys())
-        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+
+def check_spaces(spec: RLTrainingJobSpec, action: SpaceInfo, observation: SpaceInfo) -> list[Problem]:
+    """Can the algorithm act in these spaces (and, for QLearning, tabulate the observation)?"""
+    problems: list[Problem] = []
+    env_id, algorithm = spec.environment.id, spec.algorithm.name
+    allowed = ACTION_SPACES_SUPPORTED[algorithm]
+    if action.kind not in allowed:
         problems.append(Problem(
-            "spec.environment.id",
-            "unknown environment: not a registered gymnasium id (e.g. CartPole-v1, kuberl/TicTacToe-v0) "
-            f"and not module:Class{hint}",
-            env_id,
+            "spec.algorithm.name",
+            f"{algorithm.value} cannot act in {env_id}'s {action.kind} action space; "
+            f"{algorithm.value} supports {', '.join(allowed)}"
+            + ("; PPO supports Box (continuous) actions" if action.kind == "Box" else ""),
+            algorithm.value,
         ))
-        return problems
-    try:
-        env = factory(**spec.environment.kwargs)
-    except (TypeError, ValueError) as err:
-        problems.append(Problem("spec.environment.kwargs", f"the environment rejected its kwargs: {err}",
-                                spec.environment.kwargs))
-        return problems
-    try:
-        action = space_name(env.action_space)
-        allowed = ACTION_SPACES_SUPPORTED[spec.algorithm.name]
-        if action not in allowed:
-            problems.append(Problem(
-                "spec.algorithm.name",
-                f"{spec.algorithm.name.value} cannot act in {env_id}'s {action} action space; "
-                f"{spec.algorithm.name.value} supports {', '.join(allowed)}"
-                + ("; PPO supports Box (continuous) actions" if action == "Box" else ""),
-                spec.algorithm.name.value,
-            ))
-        obs = env.observation_space
-        if spec.algorithm.name == AlgorithmName.QLEARNING:
-            if isinstance(obs, gym.spaces.Box):
-                bins = spec.algorithm.q_learning.bins
-                dims = int(obs.shape[0]) if obs.shape else 1
-                if len(obs.shape) != 1:
-                    problems.append(Problem("spec.environment.id", "QLearning needs a 1-D Box or Discrete "
-                                            f"observation, got shape {obs.shape}", env_id))
-                elif not bins:
-                    problems.append(Problem("spec.algorithm.qLearning.bins",
-                                            f"a Box observation needs bins (1 or {dims} entries)", bins))
-                elif len(bins) not in (1, dims):
-                    problems.append(Problem("spec.algorithm.qLearning.bins",
-                                            f"needs 1 or {dims} entries for a {dims}-dimensional observation",
-                                            bins))
-            elif not isinstance(obs, gym.spaces.Discrete):
-                problems.append(Problem("spec.environment.id",
-                                        f"QLearning needs a Discrete or Box observation, got {space_name(obs)}",
-                                        env_id))
-    finally:
-        env.close()
+    if algorithm == AlgorithmName.QLEARNING:
+        problems += _tabular_problems(spec, observation)
     return problems
+
+
+def _tabular_problems(spec: RLTrainingJobSpec, obs: SpaceInfo) -> list[Problem]:
+    env_id = spec.environment.id
+    if obs.kind == "Discrete":
+        return []
+    if obs.kind != "Box":
+        return [Problem("spec.environment.id", f"QLearning needs a Discrete or Box observation, got {obs.kind}",
+                        env_id)]
+    bins = spec.algorithm.q_learning.bins
+    dims = obs.shape[0] if obs.shape else 1
+    if len(obs.shape) != 1:
+        return [Problem("spec.environment.id", "QLearning needs a 1-D Box or Discrete "
+                        f"observation, got shape {obs.shape}", env_id)]
+    if not bins:
+        return [Problem("spec.algorithm.qLearning.bins", f"a Box observation needs bins (1 or {dims} entries)", bins)]
+    if len(bins) not in (1, dims):
+        return [Problem("spec.algorithm.qLearning.bins",
+                        f"needs 1 or {dims} entries for a {dims}-dimensional observation", bins)]
+    return []

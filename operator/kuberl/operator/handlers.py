@@ -21,6 +21,7 @@ import kopf
 import urllib3
 from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
+from kuberl.api.semantics import check_registered
 from kuberl.operator import builders, lifecycle, names
 from kuberl.operator import status as st_
 from kuberl.operator.lifecycle import JobMeta, Plan, PodView
@@ -155,14 +156,18 @@ class JobLoop:
         }
         job: RLTrainingJob | None
         try:
-            # User classes (module:Class) are not in the operator's image: the learner checks those.
-            job, problems = parse_job(data, semantic=True, strict_imports=False, source=self.name), []
+            # Registered ids against the table only; a module:... id is the learner pod's to check.
+            job, problems = parse_job(data, check=check_registered, source=self.name), []
         except InvalidJob as err:
             problems = list(err.problems)
             try:
-                job = parse_job(data, semantic=False, source=self.name)
+                job = parse_job(data, source=self.name)
             except InvalidJob:
                 job = None
+        except Exception as err:  # noqa: BLE001 - a spec that breaks the parser is the spec's problem
+            self.logger.exception("validating the spec failed")
+            job, problems = None, [Problem("spec", f"cannot validate the spec: {type(err).__name__}: {err}",
+                                           has_value=False)]
         self._parsed = (spec_json, job, problems)
         return job, problems
 

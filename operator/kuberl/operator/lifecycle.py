@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kuberl.api.job import Phase, RLTrainingJob, RLTrainingJobStatus
-from kuberl.api.load import Problem
+from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, Problem, is_report
 from kuberl.operator import builders, names
 from kuberl.operator import status as st_
 from kuberl.operator.builders import BuildOptions
@@ -53,6 +53,8 @@ class PodView:
     why: str = ""
     #: The termination message of a container that exited 0 (the learner's final metrics).
     final_message: str | None = None
+    #: What a container that exited with INVALID_SPEC_EXIT_CODE said (the learner refusing its spec).
+    invalid_spec: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -85,6 +87,7 @@ class PodView:
             ip=status.get("podIP"),
             why=_why(status),
             final_message=_final_message(status) if phase == "Succeeded" else None,
+            invalid_spec=_invalid_spec(status) if phase == "Failed" else None,
         )
 
 
@@ -100,6 +103,17 @@ def _final_message(status: dict[str, Any]) -> str | None:
         term = (cs.get("state") or {}).get("terminated") or {}
         if term.get("exitCode") == 0 and term.get("message"):
             return term["message"]
+    return None
+
+
+def _invalid_spec(status: dict[str, Any]) -> str | None:
+    """The learner's report of a spec it refused: exit status 2 and `kuberl validate`'s text as its
+    termination message (any other exit is a failure to restart from)."""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        message = (term.get("message") or "").strip()
+        if term.get("exitCode") == INVALID_SPEC_EXIT_CODE and is_report(message):
+            return message
     return None
 
 
@@ -271,13 +285,18 @@ class _Pass:
             if self.problems or self.st.observed_generation == self.meta.generation:
                 if self.problems:
                     self.st.message = _problems_text(self.problems)
-                self.delete(self.live)
+                # A learner that refused the spec stays for its log; nothing else runs.
+                self.delete([pod for pod in self.live if not (pod.component == Component.LEARNER and pod.ended)])
                 self.done = True
                 self.expire()
                 return
-            # The spec was edited and now validates: start over.
+            # The spec was edited and now validates: start over, once the old attempt's pods are gone.
             self.st.phase, self.st.reason, self.st.message = Phase.PENDING, None, None
             self.st.completion_time = None
+            if self.live:
+                self.delete(self.live)
+                self.done = True
+                return
         if self.problems and not self.phase.terminal:
             self.fail(INVALID_SPEC, _problems_text(self.problems), keep_ended_learner=False)
             self.expire()
@@ -394,6 +413,11 @@ class _Pass:
         vanished = (learner is None and self.before == Phase.RUNNING and name not in self.blocked
                     and name not in self.deleted)
         if not (failed or vanished):
+            return
+        if failed and learner is not None and learner.invalid_spec is not None:
+            # The learner checked what the operator cannot (a module:Class env, the env's kwargs): a
+            # restart would refuse the same spec again.
+            self.fail(INVALID_SPEC, learner.invalid_spec)
             return
         why = (learner.why or "pod phase Failed") if failed and learner else "the learner pod disappeared"
         limit = self.job.spec.backoff_limit

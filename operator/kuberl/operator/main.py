@@ -116,9 +116,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _preload_validation() -> None:
-    """Import gymnasium and KubeRL's environments now, not while the first job waits for its pods."""
-    import kuberl.api.semantics
-    import kuberl.trainer.envs  # noqa: F401
+    """Read the table of registered environments now, not while the first job waits for its pods."""
+    from kuberl.api.semantics import registered_envs
+
+    registered_envs()
 
 
 def _rbac(args: argparse.Namespace) -> int:

@@ -102,23 +102,33 @@ class LearnerMetrics:
 
     def write_termination_message(self) -> None:
         """In a pod: leave the final metrics as the container's termination message, so the operator
-        reads the final progress and evaluation from the pod's status even after /metrics is gone
-        (the path is the container's terminationMessagePath, given in $KUBERL_TERMINATION_MESSAGE_PATH)."""
-        import os
-
-        path = os.environ.get("KUBERL_TERMINATION_MESSAGE_PATH")
-        if not path:
-            return
-        try:
-            with open(path, "w") as handle:
-                handle.write(self.samples_text())
-        except OSError as err:
-            import logging
-
-            logging.getLogger("kuberl.trainer").warning("cannot write the termination message to %s: %s", path, err)
+        reads the final progress and evaluation from the pod's status even after /metrics is gone."""
+        write_termination_message(self.samples_text())
 
     def close(self) -> None:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+#: Kubernetes keeps at most 4096 bytes of a container's termination message.
+TERMINATION_MESSAGE_LIMIT = 4096
+
+
+def write_termination_message(text: str) -> None:
+    """In a pod, write `text` to the container's terminationMessagePath (given in
+    $KUBERL_TERMINATION_MESSAGE_PATH); elsewhere do nothing. Cut at Kubernetes' 4096 bytes."""
+    import os
+
+    path = os.environ.get("KUBERL_TERMINATION_MESSAGE_PATH")
+    if not path:
+        return
+    data = text.encode()[:TERMINATION_MESSAGE_LIMIT].decode(errors="ignore")
+    try:
+        with open(path, "w") as handle:
+            handle.write(data)
+    except OSError as err:
+        import logging
+
+        logging.getLogger("kuberl.trainer").warning("cannot write the termination message to %s: %s", path, err)
