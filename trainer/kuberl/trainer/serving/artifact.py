@@ -25,9 +25,24 @@ MASK_INPUT = "action_mask"
 class BadInput(ValueError):
     """A request the policy cannot answer; `field` names the part of the request that is wrong."""
 
+    status = 400  # the HTTP status the server answers with; subclasses for 404 and 413
+
     def __init__(self, field: str, message: str):
-        self.field = field
+        self.field, self.message = field, message
         super().__init__(f"{field}: {message}")
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float as the string "Infinity", "-Infinity" or "NaN": strict JSON
+    (RFC 8259) has no such numbers, and Python's float(), numpy, JavaScript's Number() and Go's
+    strconv.ParseFloat all read these strings back."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return "NaN" if np.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -146,11 +161,11 @@ class ExportedPolicy:
     def __init__(self, manifest: dict[str, Any], weights: dict[str, np.ndarray], source: Path | None = None):
         if manifest.get("format") != FORMAT:
             raise ValueError(f"{source or 'artifact'}: format {manifest.get('format')!r} is not {FORMAT!r}")
-        self.manifest = manifest
+        self.manifest = json_safe(manifest)  # what model metadata prints, whether loaded or built in memory
         self.source = source
         self.name = manifest["name"]
         self.info = _space_info(manifest["space_info"])
-        obs = manifest["observation"]
+        obs = self.manifest["observation"]
         if obs["type"] == "Dict":
             self.parts = [Part(key, sub) for key, sub in obs["spaces"].items()]
         else:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kuberl.trainer.serving.artifact import FORMAT, MANIFEST, MASK_INPUT, WEIGHTS, ExportedPolicy
+from kuberl.trainer.serving.artifact import FORMAT, MANIFEST, MASK_INPUT, WEIGHTS, ExportedPolicy, json_safe
 
 FORMATS = ("numpy", "onnx", "torchscript")
 GRAPH_FILES = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
@@ -45,17 +45,6 @@ def describe_space(space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "MultiBinary", "shape": list(np.atleast_1d(space.n))}
     raise ExportError(f"cannot describe space {space}")
-
-
-def _json_safe(value):
-    """inf/-inf bounds as strings JSON can carry ("inf"); Python's json reads them back as floats."""
-    if isinstance(value, float) and not np.isfinite(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def load_run(run_dir: Path):
@@ -149,7 +138,7 @@ def export(run_dir: str | Path, out: str | Path | None = None, fmt: str = "numpy
                 "outputs": ExportedPolicy(manifest, weights).outputs(),
             }
             write_graph(algo, manifest["action_mask"] is not None, tmp / GRAPH_FILES[fmt], fmt)
-        (tmp / MANIFEST).write_text(json.dumps(_json_safe(manifest), indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(json_safe(manifest), indent=2, allow_nan=False) + "\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

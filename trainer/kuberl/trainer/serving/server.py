@@ -2,30 +2,39 @@
 
 aiohttp (already installed with ray[default]) runs one event loop; every request that arrives in the
 same loop iteration joins one numpy forward pass (`Batcher`), so concurrent clients are batched without
-a waiting window. Requests are checked against the exported spaces: a bad one gets a 400 naming the
-field. `/metrics` serves request counts and latency histograms (prometheus_client).
+a waiting window. Requests are parsed by protocol.py and checked against the exported spaces: a bad one
+gets a 4xx in JSON naming the field, never a 500. `/metrics` serves request counts and latency histograms
+(prometheus_client).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from aiohttp import web
-from kuberl.trainer.serving.artifact import MASK_INPUT, BadInput, ExportedPolicy
+from kuberl.trainer.serving.artifact import BadInput, ExportedPolicy
+from kuberl.trainer.serving.protocol import (
+    HEADER_LENGTH,
+    MAX_BODY_BYTES,
+    NotServed,
+    dumps,
+    infer_response,
+    parse_act,
+    parse_infer,
+    parse_json,
+    read_body,
+    split_binary,
+)
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
-#: OIP datatype -> the numpy kinds its JSON data may hold
-DATATYPES = {"FP32": "fiu", "FP64": "fiu", "INT64": "iu", "INT32": "iu", "BOOL": "biu"}
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -114,252 +123,127 @@ class Batcher:
         return await self.submit(obs, mask)
 
 
-# ---- request parsing (every error names its field) ---------------------------------------------------
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise BadInput("body", f"is not JSON ({err})") from None
-    if not isinstance(body, dict):
-        raise BadInput("body", f"must be a JSON object, got {type(body).__name__}")
-    return body
-
-
-def _shape(value: Any, field: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in value):
-        raise BadInput(field, f"must be a list of non-negative integers, got {value!r}")
-    return value
-
-
-def parse_infer(policy: ExportedPolicy, body: dict[str, Any]) -> tuple[int, dict[str, np.ndarray], np.ndarray | None]:
-    """An OIP infer request -> (batch, observation parts, mask); checks names, shapes and datatypes."""
-    expected = {spec["name"]: spec for spec in policy.inputs()}
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise BadInput("inputs", f"must be a non-empty list of tensors; this model's inputs: {', '.join(expected)}")
-    arrays: dict[str, np.ndarray] = {}
-    batch = None
-    for i, tensor in enumerate(inputs):
-        field = f"inputs[{i}]"
-        if not isinstance(tensor, dict):
-            raise BadInput(field, "must be an object with name, shape, datatype and data")
-        name = tensor.get("name")
-        if name not in expected:
-            raise BadInput(f"{field}.name", f"{name!r} is not an input of this model; its inputs: {', '.join(expected)}")
-        if name in arrays:
-            raise BadInput(f"{field}.name", f"{name!r} is given twice")
-        want = expected[name]
-        shape = _shape(tensor.get("shape"), f"{field}.shape")
-        datatype = tensor.get("datatype")
-        if datatype != want["datatype"]:
-            raise BadInput(f"{field}.datatype", f"{datatype!r} does not match the model's {want['datatype']} "
-                                                f"for {name!r}")
-        if "data" not in tensor:
-            raise BadInput(f"{field}.data", "is missing")
-        data = _numbers(tensor["data"], datatype, f"{field}.data")
-        if data.size != math.prod(shape):
-            raise BadInput(f"{field}.data", f"holds {data.size} values; shape {shape} needs {math.prod(shape)}")
-        if len(shape) != len(want["shape"]) or any(w != -1 and w != s for w, s in zip(want["shape"], shape)):
-            raise BadInput(f"{field}.shape", f"{shape} does not match the model's {want['shape']} for {name!r} "
-                                             "(-1: any batch size)")
-        if batch is not None and shape[0] != batch:
-            raise BadInput(f"{field}.shape", f"batch size {shape[0]} differs from the other inputs' {batch}")
-        batch = shape[0]
-        arrays[name] = data.reshape(shape)
-    missing = [n for n in expected if n != MASK_INPUT and n not in arrays]
-    if missing:
-        raise BadInput("inputs", f"missing input(s) {', '.join(missing)}")
-    if batch == 0:
-        raise BadInput("inputs[0].shape", "batch size 0: send at least one observation")
-    outputs = body.get("outputs")
-    if outputs is not None:
-        names = [o.get("name") if isinstance(o, dict) else o for o in outputs] if isinstance(outputs, list) else None
-        if names is None or any(n != "action" for n in names):
-            raise BadInput("outputs", f"this model has one output, 'action'; asked for {outputs!r}")
-    mask = policy.check_mask(arrays.pop(MASK_INPUT), batch, MASK_INPUT) if MASK_INPUT in arrays else None
-    return batch, arrays, mask
-
-
-def _numbers(data: Any, datatype: str, field: str) -> np.ndarray:
-    if not isinstance(data, list):
-        raise BadInput(field, f"must be a list of numbers, got {type(data).__name__}")
-    try:
-        arr = np.asarray(data)
-    except (ValueError, TypeError):
-        raise BadInput(field, "is not a rectangular list of numbers") from None
-    if arr.dtype == object or arr.dtype.kind not in DATATYPES[datatype]:
-        raise BadInput(field, f"values of type {arr.dtype} (e.g. {arr.ravel()[:1].tolist()}) are not {datatype}")
-    if datatype != "BOOL" and arr.dtype.kind == "b":
-        raise BadInput(field, f"booleans are not {datatype}")
-    return arr
-
-
-def parse_act(policy: ExportedPolicy, body: dict[str, Any]) -> tuple[int, dict[str, Any], Any, bool]:
-    """A /act request -> (batch, observation parts, mask, batched?)."""
-    if ("observation" in body) == ("observations" in body):
-        raise BadInput("observation", "give either observation (one) or observations (a list)")
-    unknown = set(body) - {"observation", "observations", "action_mask"}
-    if unknown:
-        raise BadInput(min(unknown), "unknown field; /act takes observation or observations, and action_mask")
-    batched = "observations" in body
-    field = "observations" if batched else "observation"
-    rows = body[field] if batched else [body[field]]
-    if not isinstance(rows, list) or not rows:
-        raise BadInput(field, "must be a non-empty list of observations")
-    parts: dict[str, list] = {p.name: [] for p in policy.parts}
-    for i, row in enumerate(rows):
-        row_field = f"{field}[{i}]" if batched else field
-        for name, value in _split(policy, row, row_field).items():
-            parts[name].append(value)
-    for name, values in parts.items():  # ragged rows: name the first one that differs
-        shapes = [np.shape(v) for v in values]
-        if len(set(shapes)) > 1:
-            i = next(i for i, s in enumerate(shapes) if s != shapes[0])
-            raise BadInput(f"{field}[{i}]" + ("" if len(policy.parts) == 1 else f".{name}"),
-                           f"shape {list(shapes[i])} differs from the first observation's {list(shapes[0])}")
-    mask = body.get("action_mask")
-    if mask is not None and not batched:
-        mask = [mask]
-    return len(rows), parts, mask, batched
-
-
-def _split(policy: ExportedPolicy, row: Any, field: str) -> dict[str, Any]:
-    """One observation -> {part name: value}: a list, a dict by observation name, or a dict by Dict key."""
-    if len(policy.parts) > 1:
-        if not isinstance(row, dict):
-            raise BadInput(field, f"must be an object with keys {', '.join(p.name for p in policy.parts)}")
-        extra = set(row) - {p.name for p in policy.parts}
-        if extra:
-            raise BadInput(f"{field}.{min(extra)}", "is not a key of the observation space")
-        missing = [p.name for p in policy.parts if p.name not in row]
-        if missing:
-            raise BadInput(f"{field}.{missing[0]}", "is missing")
-        return {p.name: row[p.name] for p in policy.parts}
-    part = policy.parts[0]
-    if isinstance(row, dict):
-        names = part.space.get("names")
-        if not names:
-            raise BadInput(field, "must be a list (this observation space has no named dimensions)")
-        extra = set(row) - set(names)
-        if extra:
-            raise BadInput(f"{field}.{min(extra)}", f"is not an observation name; names: {', '.join(names)}")
-        missing = [n for n in names if n not in row]
-        if missing:
-            raise BadInput(f"{field}.{missing[0]}", "is missing")
-        return {part.name: [row[n] for n in names]}
-    return {part.name: row}
-
-
 # ---- the application -------------------------------------------------------------------------------
 
 
-def create_app(policy: ExportedPolicy, model_name: str | None = None, max_batch: int = 256) -> web.Application:
-    name = model_name or policy.name
-    version = str(policy.manifest["checkpoint"]["iteration"])
-    metrics = ServingMetrics(name)
-    batcher = Batcher(policy, metrics, max_batch)
-    model_metadata = {
-        "name": name, "versions": [version], "platform": "kuberl-numpy",
-        "inputs": policy.inputs(), "outputs": policy.outputs(),
-        "parameters": {k: policy.manifest[k] for k in ("algorithm", "observation", "action", "action_mask",
-                                                        "checkpoint")},
-    }
+def error_response(status: int, field: str, message: str) -> web.Response:
+    return web.json_response({"error": f"{field}: {message}", "field": field}, status=status, dumps=dumps)
 
-    def error(status: int, field: str, message: str) -> web.Response:
-        return web.json_response({"error": f"{field}: {message}", "field": field}, status=status)
 
-    def check_model(request: web.Request) -> web.Response | None:
+class Endpoints:
+    """The handlers of one served policy: the protocol's metadata, health and infer, and `/act`."""
+
+    def __init__(self, policy: ExportedPolicy, name: str, batcher: Batcher, max_body_bytes: int):
+        self.policy, self.name, self.batcher, self.max_body_bytes = policy, name, batcher, max_body_bytes
+        self.version = str(policy.manifest["checkpoint"]["iteration"])
+        # Serialised once, strictly: a manifest that is not strict JSON fails at startup, not per request.
+        self.metadata_json = dumps({
+            "name": name, "versions": [self.version], "platform": "kuberl-numpy",
+            "inputs": policy.inputs(), "outputs": policy.outputs(),
+            "parameters": {k: policy.manifest[k] for k in ("algorithm", "observation", "action", "action_mask",
+                                                            "checkpoint")},
+        })
+
+    def check_model(self, request: web.Request) -> None:
         req_name, req_version = request.match_info["model"], request.match_info.get("version")
-        if req_name != name:
-            return error(404, "model", f"{req_name!r} is not served here; this server serves {name!r}")
-        if req_version is not None and req_version != version:
-            return error(404, "version", f"{req_version!r} is not served; version {version!r} is")
-        return None
+        if req_name != self.name:
+            raise NotServed("model", f"{req_name!r} is not served here; this server serves {self.name!r}")
+        if req_version is not None and req_version != self.version:
+            raise NotServed("version", f"{req_version!r} is not served; version {self.version!r} is")
 
-    async def infer(request: web.Request) -> web.Response:
-        if (missing := check_model(request)) is not None:
-            return missing
-        body = await _json_body(request)
-        batch, parts, mask = parse_infer(policy, body)
-        obs = policy.encode(parts, batch, prefix="inputs.")
-        actions = await batcher.act(obs, mask)
-        out = policy.outputs()[0]
-        answer = {"model_name": name, "model_version": version,
-                  "outputs": [{"name": "action", "datatype": out["datatype"], "shape": [batch, *actions.shape[1:]],
-                               "data": actions.ravel().tolist()}]}
-        if "id" in body:
-            answer["id"] = body["id"]
-        return web.Response(text=json.dumps(answer), content_type="application/json")
+    async def infer(self, request: web.Request) -> web.Response:
+        self.check_model(request)
+        raw = await read_body(request, self.max_body_bytes)
+        header, binary = split_binary(raw, request.headers.get(HEADER_LENGTH))
+        body = parse_json(header)
+        infer = parse_infer(self.policy, body, binary)
+        obs = self.policy.encode(infer.inputs, infer.batch, prefix="inputs.")
+        actions = await self.batcher.act(obs, infer.mask)
+        return infer_response({"model_name": self.name, "model_version": self.version}, infer, actions,
+                              self.policy.outputs()[0]["datatype"], body.get("id"))
 
-    async def act(request: web.Request) -> web.Response:
-        body = await _json_body(request)
-        batch, parts, mask_value, batched = parse_act(policy, body)
+    async def act(self, request: web.Request) -> web.Response:
+        body = parse_json(await read_body(request, self.max_body_bytes))
+        batch, parts, mask_value, batched = parse_act(self.policy, body)
         field = "observations" if batched else "observation"
-        if len(policy.parts) == 1:  # name the request's own field, not the part
-            obs = policy.parts[0].encode(parts[policy.parts[0].name], batch, field)
+        if len(self.policy.parts) == 1:  # name the request's own field, not the part
+            obs = self.policy.parts[0].encode(parts[self.policy.parts[0].name], batch, field)
         else:
-            obs = policy.encode(parts, batch, prefix=field + ".")
-        mask = policy.check_mask(mask_value, batch, "action_mask") if mask_value is not None else None
-        actions = (await batcher.act(obs, mask)).tolist()
-        return web.Response(text=json.dumps({"actions": actions} if batched else {"action": actions[0]}),
+            obs = self.policy.encode(parts, batch, prefix=field + ".")
+        mask = self.policy.check_mask(mask_value, batch, "action_mask") if mask_value is not None else None
+        actions = (await self.batcher.act(obs, mask)).tolist()
+        return web.Response(text=dumps({"actions": actions} if batched else {"action": actions[0]}),
                             content_type="application/json")
 
-    async def server_metadata(request: web.Request) -> web.Response:
-        return web.json_response({"name": "kuberl", "version": _version(), "extensions": []})
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": "kuberl", "version": _version(), "extensions": ["binary_tensor_data"]},
+                                 dumps=dumps)
 
-    async def live(request: web.Request) -> web.Response:
-        return web.json_response({"live": True})
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True}, dumps=dumps)
 
-    async def ready(request: web.Request) -> web.Response:
-        return web.json_response({"ready": True})
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"ready": True}, dumps=dumps)
 
-    async def model_ready(request: web.Request) -> web.Response:
-        if (missing := check_model(request)) is not None:
-            return missing
-        return web.json_response({"name": name, "ready": True})
+    async def model_ready(self, request: web.Request) -> web.Response:
+        self.check_model(request)
+        return web.json_response({"name": self.name, "ready": True}, dumps=dumps)
 
-    async def metadata(request: web.Request) -> web.Response:
-        if (missing := check_model(request)) is not None:
-            return missing
-        return web.json_response(model_metadata)
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        self.check_model(request)
+        return web.Response(text=self.metadata_json, content_type="application/json")
+
+    def routes(self) -> list[tuple[str, str, Any, str]]:
+        """(method, path, handler, the `endpoint` label of its metrics)."""
+        return [
+            ("GET", "/v2", self.server_metadata, "server_metadata"),
+            ("GET", "/v2/health/live", self.live, "live"),
+            ("GET", "/v2/health/ready", self.ready, "ready"),
+            ("GET", "/v2/models/{model}", self.model_metadata, "model_metadata"),
+            ("GET", "/v2/models/{model}/versions/{version}", self.model_metadata, "model_metadata"),
+            ("GET", "/v2/models/{model}/ready", self.model_ready, "model_ready"),
+            ("GET", "/v2/models/{model}/versions/{version}/ready", self.model_ready, "model_ready"),
+            ("POST", "/v2/models/{model}/infer", self.infer, "infer"),
+            ("POST", "/v2/models/{model}/versions/{version}/infer", self.infer, "infer"),
+            ("POST", "/act", self.act, "act"),
+        ]
+
+
+def answer_errors(metrics: ServingMetrics, endpoints: dict[Any, str]):
+    """Middleware: every error becomes a JSON answer naming its field (a bad request a 4xx, a bug a 500
+    that the log explains), and every answer is counted and timed under its endpoint's label."""
+
+    @web.middleware
+    async def answered(request: web.Request, handler) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        try:
+            response = await handler(request)
+        except BadInput as err:
+            response = error_response(err.status, err.field, err.message)
+        except web.HTTPException as err:  # 404 / 405 from the router
+            response = error_response(err.status, "path", f"{request.method} {request.path}: {err.reason}")
+        except Exception as err:  # a bug still answers in JSON; the traceback goes to the log
+            log.exception("%s %s failed", request.method, request.path)
+            response = error_response(500, "server", f"internal error ({type(err).__name__}); see the server's log")
+        metrics.observe(endpoints.get(handler, "other"), response.status, time.perf_counter() - t0)
+        return response
+
+    return answered
+
+
+def create_app(policy: ExportedPolicy, model_name: str | None = None, max_batch: int = 256,
+               max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    name = model_name or policy.name
+    metrics = ServingMetrics(name)
+    batcher = Batcher(policy, metrics, max_batch)
+    handlers = Endpoints(policy, name, batcher, max_body_bytes)
 
     async def prometheus(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     endpoints: dict[Any, str] = {}
-
-    @web.middleware
-    async def measured(request: web.Request, handler) -> web.StreamResponse:
-        t0 = time.perf_counter()
-        try:
-            response = await handler(request)
-        except BadInput as err:
-            response = error(400, err.field, str(err).split(": ", 1)[1])
-        except web.HTTPException as err:  # 404 / 405 from the router
-            response = error(err.status, "path", f"{request.method} {request.path}: {err.reason}")
-        endpoint = endpoints.get(handler, "other")
-        metrics.observe(endpoint, response.status, time.perf_counter() - t0)
-        return response
-
-    app = web.Application(middlewares=[measured], client_max_size=16 * 1024 * 1024)
-    routes = [
-        ("GET", "/v2", server_metadata, "server_metadata"),
-        ("GET", "/v2/health/live", live, "live"),
-        ("GET", "/v2/health/ready", ready, "ready"),
-        ("GET", "/v2/models/{model}", metadata, "model_metadata"),
-        ("GET", "/v2/models/{model}/versions/{version}", metadata, "model_metadata"),
-        ("GET", "/v2/models/{model}/ready", model_ready, "model_ready"),
-        ("GET", "/v2/models/{model}/versions/{version}/ready", model_ready, "model_ready"),
-        ("POST", "/v2/models/{model}/infer", infer, "infer"),
-        ("POST", "/v2/models/{model}/versions/{version}/infer", infer, "infer"),
-        ("POST", "/act", act, "act"),
-        ("GET", "/metrics", prometheus, "metrics"),
-    ]
-    for method, path, handler, endpoint in routes:
+    app = web.Application(middlewares=[answer_errors(metrics, endpoints)], client_max_size=max_body_bytes)
+    for method, path, handler, endpoint in [*handlers.routes(), ("GET", "/metrics", prometheus, "metrics")]:
         app.router.add_route(method, path, handler)
         endpoints[handler] = endpoint
     app["policy"], app["batcher"], app["metrics"], app["model_name"] = policy, batcher, metrics, name
