@@ -104,7 +104,7 @@ def best_threshold(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     import gymnasium as gym
 
     from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
-    from kuberl.trainer.scenario_eval import rank_thresholds, threshold_grid
+    from kuberl.trainer.evaluation.baselines import rank_thresholds, threshold_grid
 
     multi = env_id == AUTOSCALING_MULTI_ID
     env = gym.make(env_id, **kwargs)

@@ -43,7 +43,7 @@ EXAMPLES = {
 def _algorithm(env_id: str, env):
     import torch
     from kuberl.api.load import load_job_file
-    from kuberl.trainer.algorithms.base import algorithm_for
+    from kuberl.trainer.algorithms import algorithm_for
     from kuberl.trainer.spaces import space_info
 
     torch.set_num_threads(1)

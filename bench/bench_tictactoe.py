@@ -35,7 +35,7 @@ from kuberl.api.load import parse_job
 from kuberl.trainer.checkpoint import load_latest
 from kuberl.trainer.envs.tictactoe import encode, winner
 from kuberl.trainer.networks import QNetwork, numpy_params
-from kuberl.trainer.policy import QPolicy
+from kuberl.trainer.policies import QPolicy
 from kuberl.trainer.run import TrainOptions, train
 from kuberl.trainer.spaces import SpaceInfo
 

@@ -12,7 +12,7 @@ from kuberl.trainer.algorithms.dqn import td_targets
 from kuberl.trainer.algorithms.ppo import compute_gae
 from kuberl.trainer.buffers import ReplayBuffer
 from kuberl.trainer.networks import ActorCritic, QNetwork, numpy_params
-from kuberl.trainer.policy import ActorCriticPolicy, QPolicy
+from kuberl.trainer.policies import ActorCriticPolicy, QPolicy
 from kuberl.trainer.rollout import _NStepAccumulator
 from kuberl.trainer.spaces import space_info
 

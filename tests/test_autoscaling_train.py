@@ -56,7 +56,7 @@ def test_short_bdq_job_trains_asynchronously_and_reports_baselines(tmp_path):
 
 def test_baseline_suites_run_on_the_policy_evaluation_seeds():
     from kuberl.trainer.envs.baselines import ThresholdPolicy, evaluate_policy
-    from kuberl.trainer.scenario_eval import baseline_suite
+    from kuberl.trainer.evaluation.baselines import baseline_suite
 
     job_dict = _example("dqn")
     job_dict["spec"]["environment"]["kwargs"] = {"load_pattern": "SPIKE", "episode_length": 40}

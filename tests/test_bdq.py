@@ -11,8 +11,8 @@ import torch
 
 from kuberl.api.job import BDQConfig, NetworkSpec
 from kuberl.trainer.algorithms.bdq import BDQ, bdq_targets
-from kuberl.trainer.networks_bdq import BranchingQNetwork
-from kuberl.trainer.policy_registry import BranchingQPolicy, make_policy
+from kuberl.trainer.networks import BranchingQNetwork
+from kuberl.trainer.policies import BranchingQPolicy, make_policy
 from kuberl.trainer.spaces import space_info
 
 CPU = torch.device("cpu")
@@ -105,7 +105,7 @@ def test_numpy_branching_policy_matches_torch(obs_space, hidden):
     algo = BDQ(cfg, info, CPU, seed=1, total_env_steps=1000)
     if isinstance(obs_space, gym.spaces.Dict):
         assert set(algo.q.encoders) == {"macro", "micro"}  # one encoder per part, fused after
-    policy = make_policy(info, algo.policy_config(), obs_space)
+    policy = make_policy(info, algo.policy_config())
     assert isinstance(policy, BranchingQPolicy)
     policy.load(algo.weights())
     obs = np.random.default_rng(0).normal(size=(32, info.obs_dim)).astype(np.float32)

@@ -38,7 +38,7 @@ def test_job_model_and_operator_import_neither_torch_nor_ray():
 
 
 def test_rollout_worker_side_does_not_import_torch():
-    out = _run("import sys, kuberl.trainer.rollout, kuberl.trainer.policy, kuberl.trainer.metrics;"
+    out = _run("import sys, kuberl.trainer.rollout, kuberl.trainer.policies, kuberl.trainer.metrics;"
                "print('torch' in sys.modules)")
     assert out.strip() == "False"
 

@@ -11,7 +11,8 @@ import torch
 from kuberl.api.job import QLearningConfig
 from kuberl.api.load import parse_job
 from kuberl.trainer.algorithms.qlearning import QLearning
-from kuberl.trainer.policy_registry import Discretiser, make_policy
+from kuberl.trainer.policies import make_policy
+from kuberl.trainer.policies.tabular import Discretiser
 from kuberl.trainer.spaces import space_info
 
 CPU = torch.device("cpu")

@@ -18,7 +18,7 @@ from kuberl.trainer.envs import validate_env_kwargs
 from kuberl.trainer.envs.baselines import MinimaxPolicy
 from kuberl.trainer.envs.tictactoe import TicTacToeBatch, TicTacToeEnv
 from kuberl.trainer.rollout import RolloutWorker
-from kuberl.trainer.scenario_eval import opponent_games, opponent_suite
+from kuberl.trainer.evaluation.opponent import opponent_games, opponent_suite
 from kuberl.trainer.selfplay import FrozenOpponent
 from kuberl.trainer.spaces import space_info
 
@@ -99,7 +99,7 @@ def test_frozen_copy_plays_the_policy_greedily_and_only_legal_cells():
             continue
         cell = frozen(obs, mask)
         assert mask[cell], "the frozen opponent chose an occupied cell"
-        assert cell == worker.greedy(obs[None], mask[None])[0]
+        assert cell == worker.policy.greedy(obs[None], mask[None])[0]
     # Thousands of training moves with a random network: the env raises if the opponent ever
     # picks an occupied cell.
     sample(worker, None, version=0, steps=1_000)

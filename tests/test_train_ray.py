@@ -92,7 +92,7 @@ def test_a_dead_rollout_actor_is_replaced_and_counted(local_ray, job_dict, tmp_p
             victim = loop.workers.ready()[0]
             seen["pid"] = ray.get(victim.actor.pid.remote())
             os.kill(seen["pid"], signal.SIGKILL)
-        elif row["iteration"] > 3 and row["workers_ready"] == 2 and loop.c.worker_restarts >= 1:
+        elif row["iteration"] > 3 and row["workers_ready"] == 2 and loop.counters.worker_restarts >= 1:
             seen["recovered_at"] = row["iteration"]
             loop.stop_signal["set"] = True  # as SIGTERM would: checkpoint and leave cleanly
 

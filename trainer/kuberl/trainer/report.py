@@ -65,6 +65,10 @@ class Timeline:
 
 
 class RunReport:
+    """A run's files and console: job.yaml and metrics.jsonl (a row per iteration, written as it comes)
+    with a progress bar (or a log line every 10 s) while training; then metrics.csv and the learning
+    curve (drawn while the workers evaluate), evaluation.json, summary.json and the summary table."""
+
     def __init__(self, run_dir: Path, job, progress: bool):
         self.run_dir = run_dir
         self.job = job
@@ -74,7 +78,6 @@ class RunReport:
         self._progress = None
         self._task = None
         self._last_log = 0.0
-        self._last_row: dict[str, Any] = {}
         self._drawing: threading.Thread | None = None
         self._summary: dict[str, Any] | None = None
 
@@ -97,7 +100,6 @@ class RunReport:
             self._task = self._progress.add_task(self.job.metadata.name, total=100.0, stats="starting")
 
     def iteration(self, row: dict[str, Any]) -> None:
-        self._last_row = row
         if self._file:
             self._file.write(json.dumps(row) + "\n")
         ret = row.get("mean_return")
@@ -105,24 +107,12 @@ class RunReport:
                  f"return {ret:.1f}" if ret is not None else
                  f"{row['episodes_per_second']:,.0f} ep/s  {row['env_steps_per_second']:,.0f} steps/s")
         if self._progress is not None:
-            self._progress.update(self._task, completed=self._fraction(row) * 100.0, stats=stats)
+            fraction = _progress_fraction(self.job.spec.stopping, row)
+            self._progress.update(self._task, completed=fraction * 100.0, stats=stats)
         elif time.monotonic() - self._last_log > 10.0:
             self._last_log = time.monotonic()
             log.info("iteration %d: %d steps, %d episodes, %s", row["iteration"], row["env_steps"],
                      row["episodes"], stats)
-
-    def _fraction(self, row: dict[str, Any]) -> float:
-        st = self.job.spec.stopping
-        fracs = []
-        if st.max_env_steps:
-            fracs.append(row["env_steps"] / st.max_env_steps)
-        if st.max_episodes:
-            fracs.append(row["episodes"] / st.max_episodes)
-        if st.max_wall_clock_seconds:
-            fracs.append(row["wall_clock"] / st.max_wall_clock_seconds)
-        if st.target_return is not None and row.get("mean_return") is not None and st.target_return > 0:
-            fracs.append(max(row["mean_return"], 0.0) / st.target_return)
-        return min(max(fracs, default=0.0), 1.0)
 
     def checkpoint(self, path: Path) -> None:
         log.debug("checkpoint %s", path)
@@ -143,7 +133,8 @@ class RunReport:
 
     def _write_curves(self) -> None:
         rows = self._rows()
-        self._write_csv(rows)
+        if rows:
+            _write_csv(self.run_dir / "metrics.csv", rows)
         self._plot(rows)
 
     def finish(self, counters: dict[str, Any], mean_return: float | None, evaluation: dict[str, Any],
@@ -159,7 +150,7 @@ class RunReport:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         self._summary = summary
         if timeline is None:
-            self._print_summary(summary)
+            _print_summary(summary, self.run_dir)
 
     def final(self, timeline: Timeline) -> None:
         """After shutdown: summary.json gets the whole time split, and the summary table is printed."""
@@ -167,21 +158,12 @@ class RunReport:
             return
         self._summary["time_split"] = timeline.as_dict()
         (self.run_dir / "summary.json").write_text(json.dumps(self._summary, indent=2) + "\n")
-        self._print_summary(self._summary)
+        _print_summary(self._summary, self.run_dir)
 
     def _rows(self) -> list[dict[str, Any]]:
         if not self.metrics_path.exists():
             return []
         return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
-
-    def _write_csv(self, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            return
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with (self.run_dir / "metrics.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
 
     def _plot(self, rows: list[dict[str, Any]]) -> None:
         pts = [(r["env_steps"], r["mean_return"]) for r in rows if r.get("mean_return") is not None]
@@ -192,32 +174,6 @@ class RunReport:
             xlabel="environment steps", ylabel=f"mean return (last {spec.stopping.return_window} episodes)")
         (self.run_dir / "learning_curve.svg").write_text(svg)
 
-    def _print_summary(self, summary: dict[str, Any]) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"KubeRL run {summary['job']}", show_header=False)
-        ev = summary.get("evaluation", {}).get("deterministic") or {}
-        wall = summary["wall_clock"] or 1e-9
-        rows = [
-            ("stopped by", summary["stopped_by"]),
-            ("wall-clock", f"{summary['wall_clock']:.1f} s (Ray start {summary['ray_start_seconds']:.1f} s)"),
-            ("env steps", f"{summary['env_steps']:,} ({summary['env_steps'] / wall:,.0f}/s)"),
-            ("episodes", f"{summary['episodes']:,} ({summary['episodes'] / wall:,.1f}/s)"),
-            ("gradient updates", f"{summary['gradient_updates']:,}"),
-            ("mean training return", "-" if summary["mean_return"] is None else f"{summary['mean_return']:.2f}"),
-            ("evaluation", "-" if not ev else f"{ev['mean_return']:.2f} ± {ev['std_return']:.2f} over {ev['episodes']} episodes"),
-            ("worker restarts", str(summary["worker_restarts"])),
-            *_time_rows(summary.get("time_split")),
-            ("run directory", str(self.run_dir)),
-        ]
-        for name, res in summary.get("evaluation", {}).items():
-            if name != "deterministic":
-                rows.append((f"eval: {name}", json.dumps(res)))
-        for k, v in rows:
-            table.add_row(k, v)
-        Console(file=sys.stdout).print(table)
-
     def close(self) -> None:
         if self._drawing is not None:
             self._drawing.join()
@@ -227,6 +183,57 @@ class RunReport:
         if self._file:
             self._file.close()
             self._file = None
+
+
+def _progress_fraction(stopping, row: dict[str, Any]) -> float:
+    """How far a run is towards its nearest stopping rule, from 0 to 1."""
+    fracs = []
+    if stopping.max_env_steps:
+        fracs.append(row["env_steps"] / stopping.max_env_steps)
+    if stopping.max_episodes:
+        fracs.append(row["episodes"] / stopping.max_episodes)
+    if stopping.max_wall_clock_seconds:
+        fracs.append(row["wall_clock"] / stopping.max_wall_clock_seconds)
+    if stopping.target_return is not None and row.get("mean_return") is not None and stopping.target_return > 0:
+        fracs.append(max(row["mean_return"], 0.0) / stopping.target_return)
+    return min(max(fracs, default=0.0), 1.0)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    """The summary table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"KubeRL run {summary['job']}", show_header=False)
+    greedy = summary.get("evaluation", {}).get("deterministic") or {}
+    wall = summary["wall_clock"] or 1e-9
+    rows = [
+        ("stopped by", summary["stopped_by"]),
+        ("wall-clock", f"{summary['wall_clock']:.1f} s (Ray start {summary['ray_start_seconds']:.1f} s)"),
+        ("env steps", f"{summary['env_steps']:,} ({summary['env_steps'] / wall:,.0f}/s)"),
+        ("episodes", f"{summary['episodes']:,} ({summary['episodes'] / wall:,.1f}/s)"),
+        ("gradient updates", f"{summary['gradient_updates']:,}"),
+        ("mean training return", "-" if summary["mean_return"] is None else f"{summary['mean_return']:.2f}"),
+        ("evaluation", "-" if not greedy else (
+            f"{greedy['mean_return']:.2f} ± {greedy['std_return']:.2f} over {greedy['episodes']} episodes")),
+        ("worker restarts", str(summary["worker_restarts"])),
+        *_time_rows(summary.get("time_split")),
+        ("run directory", str(run_dir)),
+    ]
+    for name, res in summary.get("evaluation", {}).items():
+        if name != "deterministic":
+            rows.append((f"eval: {name}", json.dumps(res)))
+    for k, v in rows:
+        table.add_row(k, v)
+    Console(file=sys.stdout).print(table)
 
 
 def _time_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:

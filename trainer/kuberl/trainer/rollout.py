@@ -1,6 +1,7 @@
 """Rollout workers: step a gymnasium vector env with batched numpy inference and return numpy batches.
 
-`RolloutWorker` is plain Python (tests run it without Ray); `ray_worker.py` wraps it as an actor.
+`RolloutWorker` is plain Python (tests run it without Ray); `workers.py` makes it a Ray actor. Its
+`Sampler` collects what the learner trains on, its `GreedyEvaluator` plays evaluation episodes.
 It imports numpy and gymnasium only: workers never load torch.
 """
 
@@ -13,14 +14,14 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from kuberl.trainer.policy import ActorCriticPolicy, QPolicy
+from kuberl.trainer.policies import make_policy
 from kuberl.trainer.selfplay import attach_self_play
-from kuberl.trainer.spaces import flatten_obs, space_info
+from kuberl.trainer.spaces import SpaceInfo, flatten_obs, space_info
 
 
 def make_env(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None = None) -> gym.Env:
     """One environment from a gymnasium id, a KubeRL id or `module:Class`."""
-    from kuberl.api.semantics import resolve_env_factory
+    from kuberl.trainer.envs.resolve import resolve_env_factory
 
     env = resolve_env_factory(env_id)(**kwargs)
     if max_episode_steps is not None:
@@ -54,45 +55,61 @@ def _masks(info: dict, n_envs: int, n_actions: int) -> np.ndarray | None:
         return None
     return np.asarray(mask, dtype=bool).reshape(n_envs, n_actions)
 
+def _env_actions(info: SpaceInfo, actions: np.ndarray) -> np.ndarray:
+    """Actions as the env takes them: a Box's clipped into its bounds and shaped like it."""
+    if info.action_kind == "Box":
+        shape = info.action_dims
+        low = np.asarray(info.action_low).reshape(shape)
+        high = np.asarray(info.action_high).reshape(shape)
+        return np.clip(actions.reshape(-1, *shape), low, high).astype(np.float32)
+    return actions
+
+
+def _final_obs(obs_space: gym.Space, info: dict, idx: np.ndarray) -> np.ndarray:
+    """The last observations of the episodes that ended in envs `idx` (the env has reset them)."""
+    final = info["final_obs"]
+    if isinstance(final, dict):  # a numpy-batched env: one array per key, not one dict per env
+        return flatten_obs(obs_space, {k: np.asarray(v)[idx] for k, v in final.items()}, len(idx))
+    items = [final[i] for i in idx]
+    if isinstance(obs_space, gym.spaces.Dict):
+        stacked = {k: np.stack([it[k] for it in items]) for k in obs_space.spaces}
+    else:
+        stacked = np.stack(items)
+    return flatten_obs(obs_space, stacked, len(idx))
+
+
+def _final_mask(info: dict, idx: np.ndarray, n_actions: int) -> np.ndarray:
+    finals = info.get("final_info", {})
+    mask = finals.get("action_mask") if isinstance(finals, dict) else None
+    if mask is None:
+        return np.ones((len(idx), n_actions), bool)
+    return np.asarray(mask, bool).reshape(-1, n_actions)[idx]
+
 
 class RolloutWorker:
-    """Owns `num_envs` copies of one environment and the acting half of the policy."""
+    """Owns `num_envs` copies of one environment and the acting half of the policy: the Ray actor the
+    learner calls. It loads the weights it is sent; its `Sampler` collects training batches from its
+    envs, its `GreedyEvaluator` plays evaluation episodes on env copies of their own."""
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
                  policy: dict[str, Any], max_episode_steps: int | None = None, worker_index: int = 0):
         self.worker_index = worker_index
-        self.env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps)
-        self.env_id, self.env_kwargs, self.max_episode_steps = env_id, env_kwargs, max_episode_steps
-        self.num_envs = num_envs
-        self.single_obs_space = self.env.single_observation_space
-        self.info = space_info(self.single_obs_space, self.env.single_action_space)
+        env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps)
+        self.info = space_info(env.single_observation_space, env.single_action_space)
         self.rng = np.random.default_rng([seed, worker_index, 7])
-        self.policy = self._make_policy(policy)
+        self.policy = make_policy(self.info, policy)
         self.weights_version = -1
-        raw_obs, info = self.env.reset(seed=[seed * 10_007 + worker_index * 1_000 + i for i in range(num_envs)])
-        self.obs = flatten_obs(self.single_obs_space, raw_obs, num_envs)
-        n_act = self.info.action_dims[0] if self.info.action_kind == "Discrete" else 0
-        self.mask = _masks(info, num_envs, n_act) if n_act else None
-        self.episode_return = np.zeros(num_envs)
-        self.episode_length = np.zeros(num_envs, dtype=np.int64)
-        self.env_steps = 0
-        self._nstep: _NStepAccumulator | None = None
+        self.sampler = Sampler(env, self.info, [seed * 10_007 + worker_index * 1_000 + i for i in range(num_envs)])
+        self.evaluator = GreedyEvaluator(env_id, env_kwargs, max_episode_steps, self.info, env.single_observation_space)
         self.node = _ray_node_id()
         self._last_end: float | None = None  # end of the previous sample call: the gap is time spent waiting
         self.hooks: list = []  # callables(worker) run after weights change (e.g. self-play opponent refresh)
         self.self_play_opponent = attach_self_play(self)  # None unless a two-player env asks for self-play
 
-    def _make_policy(self, cfg: dict[str, Any]):
-        kind = cfg["kind"]
-        if kind == "ppo":
-            return ActorCriticPolicy(self.info, cfg["n_layers"], cfg["activation"])
-        if kind == "dqn":
-            return QPolicy(self.info, cfg["n_layers"], cfg["activation"], cfg["dueling"])
-        from kuberl.trainer.policy_registry import make_policy  # extension point (BDQ, tabular, ...)
-
-        return make_policy(self.info, cfg, self.single_obs_space)
-
-    # ---- weights ---------------------------------------------------------------------------------
+    @property
+    def env(self):
+        """The vector env the worker trains on."""
+        return self.sampler.env
 
     def set_weights(self, params: dict[str, np.ndarray], version: int) -> None:
         if version != self.weights_version:
@@ -100,9 +117,6 @@ class RolloutWorker:
             self.weights_version = version
             for hook in self.hooks:
                 hook(self)
-
-    def _idle(self) -> float:
-        return 0.0 if self._last_end is None else time.perf_counter() - self._last_end
 
     def pid(self) -> int:
         return os.getpid()
@@ -114,130 +128,197 @@ class RolloutWorker:
     def ping(self) -> int:
         return self.worker_index
 
-    # ---- on-policy (PPO) ------------------------------------------------------------------------
+    # ---- sampling: what the learner trains on -----------------------------------------------------
 
     def sample_onpolicy(self, params, version: int, num_steps: int, gamma: float) -> dict[str, Any]:
-        """Collect `num_steps` steps of every env with the stochastic policy; rewards of truncated
-        episodes get gamma * V(final obs) folded in so time limits are not treated as terminal."""
+        """`num_steps` steps of every env with the stochastic policy (PPO): `Sampler.onpolicy`."""
         idle = self._idle()
         self.set_weights(params, version)
-        n, d = self.num_envs, self.info.obs_dim
-        obs_buf = np.empty((num_steps, n, d), np.float32)
-        act_shape = () if self.info.action_kind == "Discrete" else (len(self.info.action_dims),) \
-            if self.info.action_kind == "MultiDiscrete" else (int(np.prod(self.info.action_dims)),)
-        act_dtype = np.float32 if self.info.action_kind == "Box" else np.int64
-        actions_buf = np.empty((num_steps, n, *act_shape), act_dtype)
-        logp_buf = np.empty((num_steps, n), np.float32)
-        value_buf = np.empty((num_steps, n), np.float32)
-        reward_buf = np.empty((num_steps, n), np.float32)
-        done_buf = np.empty((num_steps, n), np.float32)
-        mask_buf = np.empty((num_steps, n, self.info.action_dims[0]), bool) if self.mask is not None else None
-        returns, lengths = [], []
         t0 = time.perf_counter()
-        for t in range(num_steps):
-            obs_buf[t] = self.obs
-            if mask_buf is not None:
-                mask_buf[t] = self.mask
-            actions, logp, value = self.policy.act(self.rng, self.obs, self.mask)
-            actions_buf[t] = actions
-            logp_buf[t] = logp
-            value_buf[t] = value
-            env_actions = self._env_actions(actions)
-            raw_obs, reward, terminated, truncated, info = self.env.step(env_actions)
-            reward = np.asarray(reward, dtype=np.float64)
-            self.episode_return += reward
-            self.episode_length += 1
-            done = terminated | truncated
-            if truncated.any():
-                idx = np.nonzero(truncated & ~terminated)[0]
-                if len(idx):
-                    final = self._final_obs(info, idx)
-                    reward = reward.copy()
-                    reward[idx] += gamma * self.policy.value(final)
-            reward_buf[t] = reward
-            done_buf[t] = done
-            if done.any():
-                for i in np.nonzero(done)[0]:
-                    returns.append(float(self.episode_return[i]))
-                    lengths.append(int(self.episode_length[i]))
-                self.episode_return[done] = 0.0
-                self.episode_length[done] = 0
-            self.obs = flatten_obs(self.single_obs_space, raw_obs, n)
-            if self.mask is not None:
-                self.mask = _masks(info, n, self.info.action_dims[0])
-        self.env_steps += num_steps * n
-        batch = {
-            "obs": obs_buf, "actions": actions_buf, "logprobs": logp_buf, "values": value_buf,
-            "rewards": reward_buf, "dones": done_buf, "last_values": self.policy.value(self.obs).astype(np.float32),
-            "episode_returns": np.asarray(returns), "episode_lengths": np.asarray(lengths, np.int64),
-            "env_steps": num_steps * n, "sample_seconds": time.perf_counter() - t0, "version": version,
-            "worker_index": self.worker_index, "idle_seconds": idle, "node": self.node,
-        }
-        self._last_end = time.perf_counter()
-        if mask_buf is not None:
-            batch["masks"] = mask_buf
-        return batch
-
-    # ---- off-policy (DQN, BDQ, tabular) -----------------------------------------------------------
+        batch = self.sampler.onpolicy(self.policy, self.rng, num_steps, gamma)
+        return self._stamp(batch, t0, idle, version)
 
     def sample_offpolicy(self, params, version: int, num_steps: int, epsilon: float, gamma: float,
                          n_step: int) -> dict[str, Any]:
-        """Collect `num_steps` steps of every env epsilon-greedily; return n-step transitions."""
+        """`num_steps` steps of every env epsilon-greedily (DQN, BDQ, tabular): `Sampler.offpolicy`.
+        `params` None keeps the weights the worker has."""
         idle = self._idle()
         if params is not None:
             self.set_weights(params, version)
-        if self._nstep is None or self._nstep.n != n_step or self._nstep.gamma != gamma:
-            self._nstep = _NStepAccumulator(n_step, gamma, self.num_envs)
-        acc = self._nstep
-        returns, lengths = [], []
         t0 = time.perf_counter()
-        for _ in range(num_steps):
-            actions = self.policy.act(self.rng, self.obs, self.mask, epsilon=epsilon)
-            raw_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(actions))
-            reward = np.asarray(reward, dtype=np.float64)
-            self.episode_return += reward
-            self.episode_length += 1
-            done = terminated | truncated
-            next_obs = flatten_obs(self.single_obs_space, raw_obs, self.num_envs)
-            next_mask = _masks(info, self.num_envs, self.info.action_dims[0]) if self.mask is not None else None
-            # For envs whose episode ended, the transition's successor is the final observation.
-            succ_obs, succ_mask = next_obs, next_mask
-            if done.any():
-                idx = np.nonzero(done)[0]
-                succ_obs = next_obs.copy()
-                succ_obs[idx] = self._final_obs(info, idx)
-                if next_mask is not None:
-                    succ_mask = next_mask.copy()
-                    succ_mask[idx] = self._final_mask(info, idx, next_mask.shape[1])
-                for i in idx:
-                    returns.append(float(self.episode_return[i]))
-                    lengths.append(int(self.episode_length[i]))
-                self.episode_return[done] = 0.0
-                self.episode_length[done] = 0
-            acc.add(self.obs, actions, reward, succ_obs, terminated, done, succ_mask)
-            self.obs, self.mask = next_obs, next_mask
-        self.env_steps += num_steps * self.num_envs
-        batch = acc.drain()
-        batch.update({
-            "episode_returns": np.asarray(returns), "episode_lengths": np.asarray(lengths, np.int64),
-            "env_steps": num_steps * self.num_envs, "sample_seconds": time.perf_counter() - t0,
-            "version": self.weights_version, "worker_index": self.worker_index, "idle_seconds": idle,
-            "node": self.node,
-        })
+        batch = self.sampler.offpolicy(self.policy, self.rng, num_steps, epsilon, gamma, n_step)
+        return self._stamp(batch, t0, idle, self.weights_version)
+
+    def _idle(self) -> float:
+        return 0.0 if self._last_end is None else time.perf_counter() - self._last_end
+
+    def _stamp(self, batch: dict[str, Any], t0: float, idle: float, version: int) -> dict[str, Any]:
+        """Where and when a batch was collected, and with which weights."""
+        batch.update({"sample_seconds": time.perf_counter() - t0, "version": version,
+                      "worker_index": self.worker_index, "idle_seconds": idle, "node": self.node})
         self._last_end = time.perf_counter()
         return batch
 
-    # ---- evaluation ----------------------------------------------------------------------------
+    # ---- evaluation: greedy episodes ------------------------------------------------------------
 
     def evaluate(self, params, version: int, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Deterministic (greedy) episodes, one per seed, on separate env copies (kwargs overridable).
-
-        The episodes run side by side in a vector env (one env per seed, `EVAL_CHUNK` at a time, one
-        batched forward pass per step); each env is reset with its own seed, so an episode is the one
-        a lone env reset with that seed plays (`evaluate_sequential`, the reference tests compare with).
-        """
+        """Greedy episodes, one per seed, side by side: `GreedyEvaluator.episodes`."""
         if params is not None:
             self.set_weights(params, version)
+        return self.evaluator.episodes(self.policy, seeds, env_kwargs)
+
+    def evaluate_sequential(self, params, version: int, seeds: list[int],
+                            env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The reference for `evaluate`: `GreedyEvaluator.episodes_sequential`."""
+        if params is not None:
+            self.set_weights(params, version)
+        return self.evaluator.episodes_sequential(self.policy, seeds, env_kwargs)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _Episodes:
+    """Return and length of every env's running episode, and those of the episodes that ended."""
+
+    def __init__(self, num_envs: int):
+        self.running_return = np.zeros(num_envs)
+        self.running_length = np.zeros(num_envs, dtype=np.int64)
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+
+    def step(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray | None:
+        """Adds one step; returns the envs whose episode ended with it (None when none did)."""
+        self.running_return += reward
+        self.running_length += 1
+        if not done.any():
+            return None
+        ended = np.nonzero(done)[0]
+        for i in ended:
+            self.returns.append(float(self.running_return[i]))
+            self.lengths.append(int(self.running_length[i]))
+        self.running_return[done] = 0.0
+        self.running_length[done] = 0
+        return ended
+
+    def drain(self) -> dict[str, np.ndarray]:
+        """The ended episodes' returns and lengths since the last drain."""
+        out = {"episode_returns": np.asarray(self.returns), "episode_lengths": np.asarray(self.lengths, np.int64)}
+        self.returns, self.lengths = [], []
+        return out
+
+
+class Sampler:
+    """The worker's vector env and where its episodes stand. Each call steps every env `num_steps`
+    times from where the previous call left them, and returns the batch the learner trains on."""
+
+    def __init__(self, env, info: SpaceInfo, seeds: list[int]):
+        self.env, self.info = env, info
+        self.num_envs = len(seeds)
+        self.obs_space = env.single_observation_space
+        raw_obs, reset_info = env.reset(seed=seeds)
+        self.obs = flatten_obs(self.obs_space, raw_obs, self.num_envs)
+        n_act = info.action_dims[0] if info.action_kind == "Discrete" else 0
+        self.mask = _masks(reset_info, self.num_envs, n_act) if n_act else None
+        self.episodes = _Episodes(self.num_envs)
+        self.env_steps = 0
+        self._nstep: _NStepAccumulator | None = None
+
+    def onpolicy(self, policy, rng: np.random.Generator, num_steps: int, gamma: float) -> dict[str, Any]:
+        """[num_steps, num_envs] trajectories of the stochastic policy. Rewards of truncated episodes
+        get gamma * V(final obs) folded in, so time limits are not treated as terminal."""
+        n, info = self.num_envs, self.info
+        batch = _onpolicy_arrays(info, num_steps, n, masked=self.mask is not None)
+        mask_buf = batch.get("masks")
+        for t in range(num_steps):
+            batch["obs"][t] = self.obs
+            if mask_buf is not None:
+                mask_buf[t] = self.mask
+            actions, logp, value = policy.act(rng, self.obs, self.mask)
+            batch["actions"][t] = actions
+            batch["logprobs"][t] = logp
+            batch["values"][t] = value
+            raw_obs, reward, terminated, truncated, step_info = self.env.step(_env_actions(info, actions))
+            reward = np.asarray(reward, dtype=np.float64)
+            done = terminated | truncated
+            self.episodes.step(reward, done)
+            if truncated.any():
+                idx = np.nonzero(truncated & ~terminated)[0]
+                if len(idx):
+                    reward = reward.copy()
+                    reward[idx] += gamma * policy.value(_final_obs(self.obs_space, step_info, idx))
+            batch["rewards"][t] = reward
+            batch["dones"][t] = done
+            self.obs = flatten_obs(self.obs_space, raw_obs, n)
+            if self.mask is not None:
+                self.mask = _masks(step_info, n, info.action_dims[0])
+        self.env_steps += num_steps * n
+        batch["last_values"] = policy.value(self.obs).astype(np.float32)
+        return {**batch, **self.episodes.drain(), "env_steps": num_steps * n}
+
+    def offpolicy(self, policy, rng: np.random.Generator, num_steps: int, epsilon: float, gamma: float,
+                  n_step: int) -> dict[str, Any]:
+        """n-step transitions of the epsilon-greedy policy (`_NStepAccumulator`; a transition still
+        short of n steps waits for the next call)."""
+        if self._nstep is None or self._nstep.n != n_step or self._nstep.gamma != gamma:
+            self._nstep = _NStepAccumulator(n_step, gamma, self.num_envs)
+        n, info, transitions = self.num_envs, self.info, self._nstep
+        for _ in range(num_steps):
+            actions = policy.act(rng, self.obs, self.mask, epsilon=epsilon)
+            raw_obs, reward, terminated, truncated, step_info = self.env.step(_env_actions(info, actions))
+            reward = np.asarray(reward, dtype=np.float64)
+            done = terminated | truncated
+            ended = self.episodes.step(reward, done)
+            next_obs = flatten_obs(self.obs_space, raw_obs, n)
+            next_mask = _masks(step_info, n, info.action_dims[0]) if self.mask is not None else None
+            # For envs whose episode ended, the transition's successor is the final observation.
+            succ_obs, succ_mask = next_obs, next_mask
+            if ended is not None:
+                succ_obs = next_obs.copy()
+                succ_obs[ended] = _final_obs(self.obs_space, step_info, ended)
+                if next_mask is not None:
+                    succ_mask = next_mask.copy()
+                    succ_mask[ended] = _final_mask(step_info, ended, next_mask.shape[1])
+            transitions.add(self.obs, actions, reward, succ_obs, terminated, done, succ_mask)
+            self.obs, self.mask = next_obs, next_mask
+        self.env_steps += num_steps * n
+        return {**transitions.drain(), **self.episodes.drain(), "env_steps": num_steps * n}
+
+
+def _onpolicy_arrays(info: SpaceInfo, num_steps: int, n: int, masked: bool) -> dict[str, np.ndarray]:
+    """Empty [num_steps, n, ...] arrays for one on-policy batch."""
+    if info.action_kind == "Discrete":
+        act_shape: tuple[int, ...] = ()
+    elif info.action_kind == "MultiDiscrete":
+        act_shape = (len(info.action_dims),)
+    else:
+        act_shape = (int(np.prod(info.action_dims)),)
+    arrays = {
+        "obs": np.empty((num_steps, n, info.obs_dim), np.float32),
+        "actions": np.empty((num_steps, n, *act_shape), np.float32 if info.action_kind == "Box" else np.int64),
+        "logprobs": np.empty((num_steps, n), np.float32),
+        "values": np.empty((num_steps, n), np.float32),
+        "rewards": np.empty((num_steps, n), np.float32),
+        "dones": np.empty((num_steps, n), np.float32),
+    }
+    if masked:
+        arrays["masks"] = np.empty((num_steps, n, info.action_dims[0]), bool)
+    return arrays
+
+
+class GreedyEvaluator:
+    """Greedy (deterministic) episodes, one per seed, each on an env copy reset with that seed (kwargs
+    overridable): the worker's training envs keep their episodes."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, info: SpaceInfo,
+                 obs_space: gym.Space):
+        self.env_id, self.env_kwargs, self.max_episode_steps = env_id, env_kwargs, max_episode_steps
+        self.info, self.obs_space = info, obs_space
+
+    def episodes(self, policy, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The episodes run side by side in a vector env (one env per seed, `EVAL_CHUNK` at a time, one
+        batched forward pass per step); each env is reset with its own seed, so an episode is the one
+        a lone env reset with that seed plays (`episodes_sequential`, the reference tests compare with)."""
         kwargs = {**self.env_kwargs, **(env_kwargs or {})}
         returns: list[float] = []
         lengths: list[int] = []
@@ -245,14 +326,14 @@ class RolloutWorker:
             chunk = [int(s) for s in seeds[start:start + EVAL_CHUNK]]
             env = make_vector_env(self.env_id, kwargs, len(chunk), self.max_episode_steps)
             try:
-                r, n = self._evaluate_vector(env, chunk)
+                r, n = self._play_side_by_side(policy, env, chunk)
             finally:
                 env.close()
             returns += r
             lengths += n
         return {"returns": returns, "lengths": lengths}
 
-    def _evaluate_vector(self, env, seeds: list[int]) -> tuple[list[float], list[int]]:
+    def _play_side_by_side(self, policy, env, seeds: list[int]) -> tuple[list[float], list[int]]:
         n = len(seeds)
         n_act = self.info.action_dims[0] if self.info.action_kind == "Discrete" else 0
         raw, info = env.reset(seed=seeds)
@@ -260,33 +341,30 @@ class RolloutWorker:
         steps = np.zeros(n, np.int64)
         running = np.ones(n, bool)
         while running.any():
-            obs = flatten_obs(self.single_obs_space, raw, n)
+            obs = flatten_obs(self.obs_space, raw, n)
             mask = _masks(info, n, n_act) if n_act else None
-            actions = self.greedy(obs, mask)
-            raw, reward, terminated, truncated, info = env.step(self._env_actions(np.asarray(actions)))
+            actions = policy.greedy(obs, mask)
+            raw, reward, terminated, truncated, info = env.step(_env_actions(self.info, np.asarray(actions)))
             # Envs whose episode is over autoreset and play on; only each seed's first episode counts.
             total += np.where(running, np.asarray(reward, np.float64), 0.0)
             steps += running
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
         return [float(x) for x in total], [int(x) for x in steps]
 
-    def evaluate_sequential(self, params, version: int, seeds: list[int],
-                            env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The reference for `evaluate`: one env, one seed after another, one step at a time."""
-        if params is not None:
-            self.set_weights(params, version)
+    def episodes_sequential(self, policy, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The reference for `episodes`: one env, one seed after another, one step at a time."""
         env = make_env(self.env_id, {**self.env_kwargs, **(env_kwargs or {})}, self.max_episode_steps)
+        discrete = self.info.action_kind == "Discrete"
         returns, lengths = [], []
         try:
             for seed in seeds:
                 raw, info = env.reset(seed=int(seed))
                 total, steps, done = 0.0, 0, False
                 while not done:
-                    obs = flatten_obs(self.single_obs_space, _batch1(raw), 1)
-                    mask = _masks(_batch1_info(info), 1, self.info.action_dims[0]) \
-                        if self.info.action_kind == "Discrete" else None
-                    action = self.greedy(obs, mask)[0]
-                    raw, reward, terminated, truncated, info = env.step(self._env_actions(np.asarray([action]))[0])
+                    obs = flatten_obs(self.obs_space, _batch1(raw), 1)
+                    mask = _masks(_batch1_info(info), 1, self.info.action_dims[0]) if discrete else None
+                    action = policy.greedy(obs, mask)[0]
+                    raw, reward, terminated, truncated, info = env.step(_env_actions(self.info, np.asarray([action]))[0])
                     total += float(reward)
                     steps += 1
                     done = terminated or truncated
@@ -295,42 +373,6 @@ class RolloutWorker:
         finally:
             env.close()
         return {"returns": returns, "lengths": lengths}
-
-    def greedy(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        if isinstance(self.policy, ActorCriticPolicy):
-            return self.policy.act(self.rng, obs, mask, deterministic=True)[0]
-        return self.policy.act(self.rng, obs, mask, epsilon=0.0)
-
-    # ---- helpers -------------------------------------------------------------------------------
-
-    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
-        if self.info.action_kind == "Box":
-            shape = self.info.action_dims
-            low = np.asarray(self.info.action_low).reshape(shape)
-            high = np.asarray(self.info.action_high).reshape(shape)
-            return np.clip(actions.reshape(-1, *shape), low, high).astype(np.float32)
-        return actions
-
-    def _final_obs(self, info: dict, idx: np.ndarray) -> np.ndarray:
-        final = info["final_obs"]
-        if isinstance(final, dict):  # a numpy-batched env: one array per key, not one dict per env
-            return flatten_obs(self.single_obs_space, {k: np.asarray(v)[idx] for k, v in final.items()}, len(idx))
-        items = [final[i] for i in idx]
-        if isinstance(self.single_obs_space, gym.spaces.Dict):
-            stacked = {k: np.stack([it[k] for it in items]) for k in self.single_obs_space.spaces}
-        else:
-            stacked = np.stack(items)
-        return flatten_obs(self.single_obs_space, stacked, len(idx))
-
-    def _final_mask(self, info: dict, idx: np.ndarray, n_actions: int) -> np.ndarray:
-        finals = info.get("final_info", {})
-        mask = finals.get("action_mask") if isinstance(finals, dict) else None
-        if mask is None:
-            return np.ones((len(idx), n_actions), bool)
-        return np.asarray(mask, bool).reshape(-1, n_actions)[idx]
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def _ray_node_id() -> str:

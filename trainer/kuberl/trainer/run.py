@@ -1,4 +1,5 @@
-"""The learner loop: start (or join) Ray, keep rollout workers, learn, measure, checkpoint, stop, evaluate.
+"""A training run from start to end: start (or join) Ray while the learner builds, start the rollout
+workers, run the learner's loop (`learner.py`), evaluate, report, and leave Ray as the caller needs.
 
 `kuberl train` runs it locally; the learner pod runs the same function against the job's Ray head.
 """
@@ -7,18 +8,20 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import ray
 
-from kuberl.api.job import CollectionMode, Device, RLTrainingJob
+from kuberl.api.job import Device, RLTrainingJob
+from kuberl.trainer.accounting import Counters, publish_restored
+from kuberl.trainer.learner import Loop, checkpoint_when_due, evaluate, run_loop
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from kuberl.trainer.report import RunReport, Timeline
 from kuberl.trainer.workers import WorkerSet, start_ray, stop_local_ray_after_exit
@@ -30,6 +33,8 @@ log = logging.getLogger("kuberl.trainer")
 
 @dataclass
 class TrainOptions:
+    """How to run a job here: the CLI's flags, and hooks for tests and benchmarks."""
+
     run_dir: Path | None = None
     resume: bool = False
     workers: int | None = None
@@ -46,25 +51,9 @@ class TrainOptions:
 
 
 @dataclass
-class Counters:
-    """Everything that must survive a restart to continue, not restart, a run."""
-
-    iterations: int = 0
-    env_steps: int = 0
-    episodes: int = 0
-    gradient_updates: int = 0
-    wall_clock: float = 0.0
-    worker_restarts: int = 0
-    checkpoints: int = 0
-    learner_wait: float = 0.0
-    worker_wait: float = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
-
-
-@dataclass
 class TrainResult:
+    """How a run ended: why, its counters, its last mean return and its final evaluation."""
+
     ok: bool
     reason: str
     counters: Counters
@@ -87,27 +76,57 @@ def pick_device(requested: str):
     return torch.device("cpu")
 
 
-class _RateWindow:
-    """Episodes/s and steps/s over the last few seconds (not since start: a user wants current speed)."""
-
-    def __init__(self, seconds: float = 5.0):
-        self.seconds = seconds
-        self.points: collections.deque = collections.deque()
-
-    def add(self, t: float, episodes: int, steps: int) -> tuple[float, float]:
-        self.points.append((t, episodes, steps))
-        while len(self.points) > 2 and t - self.points[1][0] >= self.seconds:
-            self.points.popleft()
-        t0, e0, s0 = self.points[0]
-        dt = t - t0
-        if dt <= 0:
-            return 0.0, 0.0
-        return (episodes - e0) / dt, (steps - s0) / dt
-
-
 def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResult:
+    """Train `job` until a stopping rule says stop: start-up, the learner's loop, evaluation and report,
+    then teardown (which leaves Ray as `options` asks)."""
     options = options or TrainOptions()
     timeline = Timeline(options.started_at)
+    run, builder = _prepare(job, options)
+    try:
+        loop, ray_seconds = _start(run, builder, timeline)
+        result = _train_and_evaluate(run, loop, ray_seconds, timeline)
+    except BaseException as err:
+        # A failed run stops its Ray the orderly way below: its caller goes on (to report the error),
+        # it does not leave by os._exit. An unexpected error is logged here first, with its traceback,
+        # in case Ray's teardown ends the process before the error reaches the caller.
+        run.failed = True
+        if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError)):
+            log.exception("training failed")
+        raise
+    finally:
+        _teardown(run)
+    timeline.mark("shutdown")
+    run.report.final(timeline)  # summary.json gets the shutdown too; then the summary table
+    result.time_split = timeline.as_dict()
+    return result
+
+
+@dataclass
+class _Run:
+    """What train()'s start-up, loop and teardown share."""
+
+    job: RLTrainingJob
+    options: TrainOptions
+    run_dir: Path
+    cluster: bool  # joined a Ray cluster (a learner pod), not an embedded Ray
+    replicas: int
+    report: RunReport
+    metrics: LearnerMetrics
+    metrics_port: int | None
+    stop_signal: dict[str, bool] = field(default_factory=lambda: {"set": False})
+    workers: WorkerSet | None = None
+    reason: str | None = None  # why training stopped, once it has
+    failed: bool = False
+    previous_term: Any = None  # the SIGTERM handler to put back
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def _prepare(job: RLTrainingJob, options: TrainOptions) -> tuple[_Run, _Background]:
+    """Before Ray: the options applied to the spec, the run directory, the learner building in a
+    thread, the report and the metrics server."""
     spec = job.spec
     if options.max_env_steps is not None:
         spec.stopping.max_env_steps = options.max_env_steps
@@ -122,11 +141,9 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cluster = bool(options.ray_address)
     replicas = spec.rollout_workers.replicas
-    ckpt_dir = run_dir / "checkpoints"
-
-    # Ray starts here, in this thread (its processes die with the thread that starts them), while a
+    # Ray starts next, in this thread (its processes die with the thread that starts them), while a
     # second thread imports torch, checks the environment, builds the networks and loads a checkpoint.
-    builder = _Background(_build_learner, spec, cluster, replicas, ckpt_dir if options.resume else None)
+    builder = _Background(_build_learner, spec, cluster, replicas, run_dir / "checkpoints" if options.resume else None)
     report = RunReport(run_dir, job, progress=options.progress)
     labels = JobLabels(job.metadata.name, job.metadata.namespace, spec.algorithm.name.value, spec.environment.id)
     metrics = LearnerMetrics(labels)
@@ -140,103 +157,96 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
             raise RuntimeError(f"cannot serve metrics on port {port} ({err.strerror}): set spec.metrics.port, "
                                "pass --metrics-port 0 for a free port, or spec.metrics.enabled: false") from None
         log.info("metrics on http://%s:%d/metrics", "0.0.0.0" if cluster else "127.0.0.1", metrics_port)
+    return _Run(job, options, run_dir, cluster, replicas, report, metrics, metrics_port), builder
 
-    stop_signal = {"set": False}
 
-    def _on_term(signum, frame):  # a pod being deleted: checkpoint and leave cleanly
+def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, float]:
+    """Ray (started or joined), the learner, the report's files, the rollout workers: the loop, ready."""
+    spec, options = run.job.spec, run.options
+    try:
+        ray_seconds = start_ray(options.ray_address, run.replicas)
+    finally:
+        learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
+    # After Ray: ray.init installs its own SIGTERM handler (sys.exit), and its core worker a C++
+    # one over that, so a handler set earlier is gone and a deleted learner pod died mid-iteration
+    # without its exit checkpoint (seen on real containers: one checkpoint interval lost).
+    if _main_thread():
+        run.previous_term = signal.signal(signal.SIGTERM, _sigterm_handler(run.stop_signal))
+    log.info("ray %s in %.2fs", "joined" if run.cluster else "started", ray_seconds)
+    algo, counters = learner.algo, learner.counters
+    run.report.open(resumed=counters.iterations > 0)
+    publish_restored(run.metrics, counters, run.replicas)
+    env_spec = spec.environment
+    worker_args = {
+        "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
+        "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
+    }
+    run.workers = WorkerSet(worker_args, None if run.cluster else run.replicas, run.cluster,
+                            spec.seed + 17 * counters.iterations, expected=run.replicas)
+    # The loop's clock starts here: a run's wall clock includes starting its rollout workers.
+    loop = Loop(run.job, algo, run.workers, run.metrics, run.report, counters, learner.recent_returns,
+                run.ckpt_dir, run.stop_signal, options.on_iteration)
+    run.workers.reconcile(wait_for_all=60.0)
+    log.info("%d/%d rollout workers ready", len(run.workers.ready()), run.replicas)
+    timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
+    return loop, ray_seconds
+
+
+def _sigterm_handler(stop_signal: dict[str, bool]) -> Callable[[int, Any], None]:
+    """Sets `stop_signal`: the loop stops after its iteration, and the run checkpoints and leaves."""
+
+    def on_term(signum, frame) -> None:  # a pod being deleted: checkpoint and leave cleanly
         if not stop_signal["set"]:
             log.warning("SIGTERM received: checkpointing and stopping")
         stop_signal["set"] = True
 
-    previous_term = None
-    workers = None
-    reason = None
-    failed = False
-    try:
-        try:
-            ray_seconds = start_ray(options.ray_address, replicas)
-        finally:
-            learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
-        # After Ray: ray.init installs its own SIGTERM handler (sys.exit), and its core worker a C++
-        # one over that, so a handler set earlier is gone and a deleted learner pod died mid-iteration
-        # without its exit checkpoint (seen on real containers: one checkpoint interval lost).
-        if _main_thread():
-            previous_term = signal.signal(signal.SIGTERM, _on_term)
-        log.info("ray %s in %.2fs", "joined" if cluster else "started", ray_seconds)
-        algo, counters, recent_returns = learner.algo, learner.counters, learner.recent_returns
-        report.open(resumed=counters.iterations > 0)
-        # Counters continue across restarts: start them at the checkpoint's values.
-        metrics.inc("kuberl_episodes_total", counters.episodes)
-        metrics.inc("kuberl_env_steps_total", counters.env_steps)
-        metrics.inc("kuberl_gradient_updates_total", counters.gradient_updates)
-        metrics.inc("kuberl_iterations_total", counters.iterations)
-        metrics.inc("kuberl_rollout_worker_restarts_total", counters.worker_restarts)
-        metrics.inc("kuberl_checkpoints_total", counters.checkpoints)
-        metrics.inc("kuberl_learner_wait_seconds_total", counters.learner_wait)
-        metrics.inc("kuberl_worker_weight_wait_seconds_total", counters.worker_wait)
-        metrics.set("kuberl_rollout_workers_desired", replicas)
+    return on_term
 
-        env_spec = spec.environment
-        worker_args = {
-            "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
-            "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
-        }
-        workers = WorkerSet(worker_args, None if cluster else replicas, cluster, spec.seed + 17 * counters.iterations,
-                            expected=replicas)
-        loop = _Loop(job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal)
-        workers.reconcile(wait_for_all=60.0)
-        log.info("%d/%d rollout workers ready", len(workers.ready()), replicas)
-        timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
-        wait_before = counters.learner_wait
-        reason = loop.run()
-        log.info("training stopped: %s", reason)
-        collected = counters.learner_wait - wait_before
-        timeline.mark_split("collection", collected, "learning")
-        report.training_done()  # the learning curve is drawn in the background while the workers evaluate
-        if reason == "signal":
-            # SIGTERM: the pod is being deleted (kubectl delete, suspend, a new Ray head) and its rollout
-            # workers with it. Training is not over: save it and leave within the grace period; an
-            # evaluation here would outlive the workers, fail, and lose the checkpoint.
-            loop.checkpoint(force=True)
-            evaluation = {}
-        else:
-            evaluation = loop.evaluate() if spec.evaluation.enabled else {}
-            timeline.mark("evaluation")
-            loop.checkpoint(force=True)
-            metrics.set("kuberl_job_finished", 1)
-        mean_return = float(np.mean(recent_returns)) if recent_returns else None
-        report.finish(counters.as_dict(), mean_return, evaluation, reason, ray_seconds, timeline)
-        metrics.write_termination_message()
-        timeline.mark("report")
-        result = TrainResult(True, reason, counters, mean_return, evaluation, run_dir, ray_seconds,
-                             metrics_port, loop.solved_at)
-    except BaseException as err:
-        # A failed run stops its Ray the orderly way below: its caller goes on (to report the error),
-        # it does not leave by os._exit. An unexpected error is logged here first, with its traceback,
-        # in case Ray's teardown ends the process before the error reaches the caller.
-        failed = True
-        if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError)):
-            log.exception("training failed")
-        raise
-    finally:
-        report.close()
-        # A learner pod stopped by SIGTERM (deleted, suspended, a new Ray head) leaves its cluster as it
-        # is: the head may be gone already, and every Ray call would wait on it past the grace period.
-        leaving = cluster and reason == "signal"
-        if workers is not None and not leaving:
-            workers.shutdown()
-        if options.exit_after and not cluster and not failed and stop_local_ray_after_exit():
-            pass  # the process exits next; the metrics server's thread goes with it
-        else:
-            metrics.close()
-            if options.shutdown_ray and not leaving:
-                ray.shutdown()
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
-    timeline.mark("shutdown")
-    report.final(timeline)  # summary.json gets the shutdown too; then the summary table
-    result.time_split = timeline.as_dict()
-    return result
+
+def _train_and_evaluate(run: _Run, loop: Loop, ray_seconds: float, timeline: Timeline) -> TrainResult:
+    """The loop, then (unless SIGTERM stopped it) the evaluation, the final checkpoint and the report."""
+    counters, metrics, report = loop.counters, run.metrics, run.report
+    wait_before = counters.learner_wait
+    run.reason = reason = run_loop(loop)
+    log.info("training stopped: %s", reason)
+    timeline.mark_split("collection", counters.learner_wait - wait_before, "learning")
+    report.training_done()  # the learning curve is drawn in the background while the workers evaluate
+    if reason == "signal":
+        # SIGTERM: the pod is being deleted (kubectl delete, suspend, a new Ray head) and its rollout
+        # workers with it. Training is not over: save it and leave within the grace period; an
+        # evaluation here would outlive the workers, fail, and lose the checkpoint.
+        checkpoint_when_due(loop, force=True)
+        evaluation = {}
+    else:
+        evaluation = evaluate(loop) if run.job.spec.evaluation.enabled else {}
+        timeline.mark("evaluation")
+        checkpoint_when_due(loop, force=True)
+        metrics.set("kuberl_job_finished", 1)
+    mean_return = float(np.mean(loop.recent_returns)) if loop.recent_returns else None
+    report.finish(counters.as_dict(), mean_return, evaluation, reason, ray_seconds, timeline)
+    metrics.write_termination_message()
+    timeline.mark("report")
+    return TrainResult(True, reason, counters, mean_return, evaluation, run.run_dir, ray_seconds,
+                       run.metrics_port, loop.solved_at)
+
+
+def _teardown(run: _Run) -> None:
+    """The report closed, the workers stopped, Ray stopped or left to die with the process, and the
+    SIGTERM handler put back; whether the run succeeded, failed or was stopped by SIGTERM."""
+    run.report.close()
+    # A learner pod stopped by SIGTERM (deleted, suspended, a new Ray head) leaves its cluster as it
+    # is: the head may be gone already, and every Ray call would wait on it past the grace period.
+    leaving = run.cluster and run.reason == "signal"
+    if run.workers is not None and not leaving:
+        run.workers.shutdown()
+    if run.options.exit_after and not run.cluster and not run.failed and stop_local_ray_after_exit():
+        pass  # the process exits next; the metrics server's thread goes with it
+    else:
+        run.metrics.close()
+        if run.options.shutdown_ray and not leaving:
+            ray.shutdown()
+    if run.previous_term is not None:
+        signal.signal(signal.SIGTERM, run.previous_term)
 
 
 @dataclass
@@ -318,244 +328,3 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-class _Loop:
-    """One training run's iterations. Kept as a class so sync and async collection share the bookkeeping."""
-
-    def __init__(self, job, algo, workers, metrics, report, counters, recent_returns, ckpt_dir, options, stop_signal):
-        self.job, self.spec = job, job.spec
-        self.algo, self.workers, self.metrics, self.report = algo, workers, metrics, report
-        self.c, self.recent_returns, self.ckpt_dir = counters, recent_returns, ckpt_dir
-        self.options, self.stop_signal = options, stop_signal
-        self.rates = _RateWindow()
-        self.start = time.perf_counter() - counters.wall_clock
-        self.last_ckpt_time = time.monotonic()
-        self.last_ckpt_iter = counters.iterations
-        self.weights_ref = None
-        self.weights_version = -1
-        self.solved_at: float | None = None
-        self.last_loss = float("nan")
-        self.base_restarts = counters.worker_restarts
-        self.reported_wait = counters.learner_wait
-
-    # ---- weights: one ray.put per iteration, shared by every worker ---------------------------------
-
-    def publish_weights(self) -> None:
-        version = self.algo.gradient_updates
-        if version != self.weights_version or self.weights_ref is None:
-            self.weights_ref = ray.put(self.algo.weights())
-            self.weights_version = version
-
-    # ---- the loop --------------------------------------------------------------------------------
-
-    def run(self) -> str:
-        if self.spec.collection.mode == CollectionMode.ASYNC:
-            return self._run_async()
-        return self._run_sync()
-
-    def _sample_args(self) -> tuple:
-        if self.algo.on_policy:
-            return (self.weights_ref, self.weights_version, self.algo.cfg.rollout_steps, self.algo.cfg.gamma)
-        eps = self.algo.exploration(self.c.env_steps)
-        return (self.weights_ref, self.weights_version, self.spec.collection.fragment_steps, eps,
-                self.algo.cfg.gamma, getattr(self.algo.cfg, "n_step", 1))
-
-    def _method(self) -> str:
-        return "sample_onpolicy" if self.algo.on_policy else "sample_offpolicy"
-
-    def _run_sync(self) -> str:
-        while True:
-            reason = self.should_stop()
-            if reason:
-                return reason
-            self.workers.reconcile()
-            self.publish_weights()
-            args = self._sample_args()
-            t_wait = time.perf_counter()
-            batches = list(self.workers.call(self._method(), {h.index: args for h in self.workers.ready()},
-                                             stop=lambda: self.stop_signal["set"]).values())
-            self.c.learner_wait += time.perf_counter() - t_wait
-            if not batches or self.stop_signal["set"]:
-                continue  # SIGTERM: this round is dropped whole; the checkpoint keeps the last iteration
-            self._learn_and_account(batches)
-
-    def _run_async(self) -> str:
-        """Workers keep up to `queueSize` batches each in flight and step their envs while the learner
-        trains on whichever batch is done first.
-
-        `maxStaleness` bounds the policy a worker collects with: the learner applies an update only while
-        every batch still being collected (handed out, not finished) was sent weights at most that many
-        updates older. Updates the bound holds back stay owed (the algorithm applies them on a later
-        call, so trainFrequency's replay ratio holds) and no new batch is handed out until they are
-        applied. A finished batch is replay data like any other and holds nothing back.
-        """
-        col = self.spec.collection
-        inflight: dict[Any, tuple[int, int]] = {}  # ref -> (worker index, weights version it was sent)
-
-        def submit(handle) -> None:
-            ref = getattr(handle.actor, self._method()).remote(*self._sample_args())
-            inflight[ref] = (handle.index, self.weights_version)
-
-        def collecting_versions() -> list[int]:
-            if not inflight:
-                return []
-            _, running = ray.wait(list(inflight), num_returns=len(inflight), timeout=0)
-            return [inflight[ref][1] for ref in running]
-
-        while True:
-            reason = self.should_stop()
-            if reason:
-                break
-            self.workers.reconcile(wait_for_one=not inflight)
-            self.publish_weights()
-            if not inflight or not getattr(self.algo, "updates_held_back", 0):
-                busy = collections.Counter(idx for idx, _ in inflight.values())
-                for handle in self.workers.ready():
-                    for _ in range(col.queue_size - busy[handle.index]):
-                        submit(handle)
-            t_wait = time.perf_counter()
-            done, _ = ray.wait(list(inflight), num_returns=1, timeout=5.0)
-            self.c.learner_wait += time.perf_counter() - t_wait
-            batches = []
-            for ref in done:
-                index, _version = inflight.pop(ref)
-                got = self.workers.gather({index: ref})
-                if index in got:
-                    batches.append(got[index])
-                else:  # its other in-flight calls died with it
-                    for other in [r for r, (i, _) in inflight.items() if i == index]:
-                        inflight.pop(other)
-            if not batches:
-                continue
-            collecting = collecting_versions()
-            oldest = min(collecting, default=None)
-            budget = None if oldest is None else max(col.max_staleness - (self.algo.gradient_updates - oldest), 0)
-            self._learn_and_account(batches, max_updates=budget)
-            self.metrics.set("kuberl_policy_staleness_updates",
-                             0 if oldest is None else self.algo.gradient_updates - oldest)
-        for ref in list(inflight):
-            ray.cancel(ref, force=False)
-        return reason
-
-    def _learn_and_account(self, batches: list[dict[str, Any]], max_updates: int | None = None) -> None:
-        new_steps = sum(int(b["env_steps"]) for b in batches)
-        self.c.env_steps += new_steps
-        returns = np.concatenate([b["episode_returns"] for b in batches]) if batches else np.zeros(0)
-        worker_wait = sum(float(b.get("idle_seconds", 0.0)) for b in batches)
-        kwargs = {} if max_updates is None or self.algo.on_policy else {"max_updates": max_updates}
-        stats = self.algo.learn(batches, self.c.env_steps, **kwargs)
-        self.c.iterations += 1
-        self.c.episodes += len(returns)
-        self.recent_returns.extend(float(r) for r in returns)
-        self.c.gradient_updates += stats.gradient_updates
-        self.c.worker_wait += worker_wait
-        restarts = self.base_restarts + self.workers.restarts
-        new_restarts, self.c.worker_restarts = restarts - self.c.worker_restarts, restarts
-        new_wait, self.reported_wait = self.c.learner_wait - self.reported_wait, self.c.learner_wait
-        now = time.perf_counter()
-        self.c.wall_clock = now - self.start
-        eps_rate, step_rate = self.rates.add(now, self.c.episodes, self.c.env_steps)
-        mean_return = float(np.mean(self.recent_returns)) if self.recent_returns else None
-        if not math.isnan(stats.loss):
-            self.last_loss = stats.loss
-
-        # What needs Ray (a cluster's slot count asks its head) comes first, then the row, then the
-        # metrics: a learner that dies here (its head gone) must not have published an iteration that
-        # metrics.jsonl and its checkpoint never saw, or status.progress would go back on its restart.
-        ready, desired = len(self.workers.ready()), self.workers.desired()
-        row = {"iteration": self.c.iterations, "env_steps": self.c.env_steps, "episodes": self.c.episodes,
-               "wall_clock": round(self.c.wall_clock, 4), "mean_return": mean_return,
-               "episodes_per_second": eps_rate, "env_steps_per_second": step_rate, "loss": stats.loss,
-               "gradient_updates": self.c.gradient_updates, "workers_ready": ready,
-               "worker_nodes": len({b.get("node") for b in batches}),
-               "learner_wait": self.c.learner_wait, "worker_wait": self.c.worker_wait, **stats.extra}
-        self.report.iteration(row)
-
-        m = self.metrics
-        m.inc("kuberl_episodes_total", len(returns))
-        m.inc("kuberl_env_steps_total", new_steps)
-        m.inc("kuberl_gradient_updates_total", stats.gradient_updates)
-        m.inc("kuberl_iterations_total", 1)
-        m.set("kuberl_episodes_per_second", eps_rate)
-        m.set("kuberl_env_steps_per_second", step_rate)
-        m.set("kuberl_training_wall_clock_seconds", self.c.wall_clock)
-        if mean_return is not None:
-            m.set("kuberl_episode_return_mean", mean_return)
-        m.set("kuberl_rollout_workers_ready", ready)
-        m.set("kuberl_rollout_workers_desired", desired)
-        m.inc("kuberl_rollout_worker_restarts_total", new_restarts)
-        if not math.isnan(self.last_loss):
-            m.set("kuberl_learner_loss", self.last_loss)
-        m.inc("kuberl_learner_wait_seconds_total", new_wait)
-        m.inc("kuberl_worker_weight_wait_seconds_total", worker_wait)
-        if self.options.on_iteration is not None:
-            self.options.on_iteration(row, self)
-        self.checkpoint()
-
-    def should_stop(self) -> str | None:
-        st = self.spec.stopping
-        if self.stop_signal["set"]:
-            return "signal"
-        if (st.target_return is not None and len(self.recent_returns) >= st.return_window
-                and float(np.mean(self.recent_returns)) >= st.target_return):
-            if self.solved_at is None:
-                self.solved_at = self.c.wall_clock
-            return "target_return"
-        if st.max_env_steps is not None and self.c.env_steps >= st.max_env_steps:
-            return "max_env_steps"
-        if st.max_episodes is not None and self.c.episodes >= st.max_episodes:
-            return "max_episodes"
-        if st.max_wall_clock_seconds is not None and time.perf_counter() - self.start >= st.max_wall_clock_seconds:
-            return "max_wall_clock_seconds"
-        return None
-
-    # ---- checkpoints -----------------------------------------------------------------------------
-
-    def checkpoint(self, force: bool = False) -> None:
-        import torch
-
-        from kuberl.trainer import checkpoint as ckpt
-
-        cfg = self.spec.checkpointing
-        if not cfg.enabled:
-            return
-        due = force
-        if cfg.interval_iterations and self.c.iterations - self.last_ckpt_iter >= cfg.interval_iterations:
-            due = True
-        if cfg.interval_seconds and time.monotonic() - self.last_ckpt_time >= cfg.interval_seconds:
-            due = True
-        if not due or (force and self.c.iterations == self.last_ckpt_iter and self.c.checkpoints > 0):
-            return
-        self.c.checkpoints += 1
-        state = {
-            "format": 1,
-            "job_name": self.job.metadata.name,
-            "algorithm_name": self.spec.algorithm.name.value,
-            "algorithm": self.algo.state_dict(),
-            "counters": self.c.as_dict(),
-            "recent_returns": torch.tensor(list(self.recent_returns), dtype=torch.float64),
-            "torch_rng": torch.get_rng_state(),
-        }
-        path = ckpt.save_checkpoint(self.ckpt_dir, self.c.iterations, state, cfg.keep_last)
-        self.last_ckpt_time = time.monotonic()
-        self.last_ckpt_iter = self.c.iterations
-        self.metrics.inc("kuberl_checkpoints_total", 1)
-        self.metrics.set("kuberl_checkpoint_timestamp_seconds", time.time())
-        self.metrics.set("kuberl_checkpoint_iteration", self.c.iterations)
-        self.report.checkpoint(path)
-
-    # ---- evaluation ------------------------------------------------------------------------------
-
-    def evaluate(self) -> dict[str, Any]:
-        from kuberl.trainer.evaluation import evaluate
-
-        self.publish_weights()
-        results = evaluate(self.spec, self.workers, self.weights_ref, self.weights_version)
-        main = results.get("deterministic")
-        if main and main.get("mean_return") is not None:
-            self.metrics.set("kuberl_evaluation_return_mean", main["mean_return"])
-        for name, res in results.items():
-            if "win_rate" in res:
-                self.metrics.set_win_rate(name, res["win_rate"])
-        return results

@@ -15,17 +15,8 @@ import copy
 
 import numpy as np
 
-from kuberl.trainer.policy import ActorCriticPolicy
-
 #: Positions remembered per frozen copy; Tic-Tac-Toe has 5,478, so the cache never fills there.
 CACHE_LIMIT = 200_000
-
-
-def greedy_actions(policy, rng: np.random.Generator, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """The action each row of `obs` is given by `policy` acting deterministically (illegal ones masked)."""
-    if isinstance(policy, ActorCriticPolicy):
-        return policy.act(rng, obs, mask, deterministic=True)[0]
-    return policy.act(rng, obs, mask, epsilon=0.0)
 
 
 class FrozenOpponent:
@@ -39,7 +30,6 @@ class FrozenOpponent:
         self.policy = None
         self.version: int | None = None
         self.calls = 0
-        self._rng = np.random.default_rng(0)  # greedy play draws nothing; act() only wants one
         self._cache: dict[bytes, int] = {}
 
     def refresh(self, policy, version: int) -> None:
@@ -53,7 +43,7 @@ class FrozenOpponent:
         key = obs.tobytes() + mask.tobytes()
         action = self._cache.get(key)
         if action is None:
-            action = int(greedy_actions(self.policy, self._rng, obs[None].astype(np.float32), mask[None])[0])
+            action = int(self.policy.greedy(obs[None].astype(np.float32), mask[None])[0])
             if len(self._cache) < CACHE_LIMIT:
                 self._cache[key] = action
         return action
@@ -62,7 +52,7 @@ class FrozenOpponent:
         """Greedy actions for a batch of positions (M, obs) with masks (M, A), one forward pass (a
         numpy-batched env asks for all its games at once)."""
         self.calls += len(obs)
-        return greedy_actions(self.policy, self._rng, np.asarray(obs, np.float32), np.asarray(mask, bool))
+        return self.policy.greedy(np.asarray(obs, np.float32), np.asarray(mask, bool))
 
 
 def self_play_settings(env) -> tuple[bool, int]:

@@ -1,4 +1,4 @@
-"""What the learner loop needs from an algorithm, and the lookup from the job spec's name."""
+"""What the learner loop needs from an algorithm; the name -> class table is the package's `__init__`."""
 
 from __future__ import annotations
 
@@ -40,11 +40,22 @@ class Algorithm:
     def weights(self) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    # Off-policy algorithms: exploration rate for the workers and how much data to gather first.
+    # Off-policy algorithms: exploration rate and n-step return length for the workers' transitions.
     def exploration(self, env_steps: int) -> float:
         return 0.0
 
-    def learn(self, batches: list[dict[str, Any]], env_steps: int) -> LearnStats:
+    @property
+    def n_step(self) -> int:
+        return 1
+
+    @property
+    def updates_held_back(self) -> int:
+        """Updates a `max_updates` bound postponed; the next learn() applies them first."""
+        return 0
+
+    def learn(self, batches: list[dict[str, Any]], env_steps: int, max_updates: int | None = None) -> LearnStats:
+        """One iteration's update from the workers' batches. `max_updates` (async collection's
+        staleness bound, off-policy only) caps this call's gradient updates; the rest stay owed."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -72,25 +83,3 @@ def linear_schedule(start: float, end: float, duration: int, t: int) -> float:
     frac = min(max(t / duration, 0.0), 1.0)
     return start + frac * (end - start)
 
-
-def algorithm_for(spec, info: SpaceInfo, device: torch.device, seed: int, total_env_steps: int | None) -> Algorithm:
-    from kuberl.api.job import AlgorithmName
-
-    name = spec.algorithm.name
-    if name == AlgorithmName.PPO:
-        from kuberl.trainer.algorithms.ppo import PPO
-
-        return PPO(spec.algorithm.ppo, info, device, seed, total_env_steps)
-    if name == AlgorithmName.DQN:
-        from kuberl.trainer.algorithms.dqn import DQN
-
-        return DQN(spec.algorithm.dqn, info, device, seed, total_env_steps)
-    if name == AlgorithmName.BDQ:
-        from kuberl.trainer.algorithms.bdq import BDQ
-
-        return BDQ(spec.algorithm.bdq, info, device, seed, total_env_steps)
-    if name == AlgorithmName.QLEARNING:
-        from kuberl.trainer.algorithms.qlearning import QLearning
-
-        return QLearning(spec.algorithm.q_learning, info, device, seed, total_env_steps)
-    raise ValueError(f"unknown algorithm {name}")

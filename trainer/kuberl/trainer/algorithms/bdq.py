@@ -24,7 +24,7 @@ import torch
 from kuberl.api.job import BDQConfig
 from kuberl.trainer.algorithms.dqn import DQN
 from kuberl.trainer.buffers import ReplayBuffer
-from kuberl.trainer.networks_bdq import BranchingQNetwork, branch_sizes, encoded_parts
+from kuberl.trainer.networks import BranchingQNetwork, branch_sizes, encoded_parts
 
 
 def bdq_targets(q_online_next: list[torch.Tensor], q_target_next: list[torch.Tensor], rewards: torch.Tensor,

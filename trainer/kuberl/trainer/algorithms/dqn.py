@@ -75,6 +75,10 @@ class DQN(Algorithm):
         duration = cfg.exploration_steps or int(cfg.exploration_fraction * (self.total_env_steps or 100_000))
         return linear_schedule(cfg.exploration_initial, cfg.exploration_final, duration, env_steps)
 
+    @property
+    def n_step(self) -> int:
+        return self.cfg.n_step
+
     def updates_due(self, new_env_steps: int, env_steps: int) -> int:
         """Gradient updates owed for `new_env_steps` fresh steps (none before learningStarts)."""
         if env_steps < self.cfg.learning_starts or self.buffer.size < self.cfg.batch_size:

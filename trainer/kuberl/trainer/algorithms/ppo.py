@@ -52,7 +52,10 @@ class PPO(Algorithm):
     def weights(self) -> dict[str, np.ndarray]:
         return numpy_params(self.net)
 
-    def learn(self, batches: list[dict[str, Any]], env_steps: int) -> LearnStats:
+    def learn(self, batches: list[dict[str, Any]], env_steps: int, max_updates: int | None = None) -> LearnStats:
+        if max_updates is not None:  # the job model allows async collection for off-policy algorithms only
+            raise ValueError(f"PPO learns from fresh batches only; max_updates={max_updates} needs an off-policy "
+                             "algorithm (spec.collection.mode: async)")
         cfg = self.cfg
         if cfg.anneal_learning_rate and self.total_env_steps:
             frac = max(1.0 - env_steps / self.total_env_steps, 0.05)

@@ -1,12 +1,12 @@
 """Tabular Q-learning over a discretised observation, on the same runtime as the deep learners.
 
-Rollout workers act epsilon-greedily from a copy of the table (`policy_registry.TabularQPolicy`)
+Rollout workers act epsilon-greedily from a copy of the table (`policies.tabular.TabularQPolicy`)
 and send one-step transitions; the learner applies them in the order they were collected:
 
     Q[s, a] += alpha * (r + gamma * (1 - done) * max_a' Q[s', a'] - Q[s, a])
 
 A Discrete observation indexes the table directly; a Box is cut into `bins` cells per dimension
-(`policy_registry.Discretiser`). `gradient_updates` counts table updates (one per transition).
+(`policies.tabular.Discretiser`). `gradient_updates` counts table updates (one per transition).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from kuberl.api.job import QLearningConfig
 from kuberl.trainer.algorithms.base import Algorithm, LearnStats, linear_schedule
-from kuberl.trainer.policy_registry import MAX_TABLE_ENTRIES, Discretiser
+from kuberl.trainer.policies.tabular import MAX_TABLE_ENTRIES, Discretiser
 
 _FIELDS = ("states", "actions", "rewards", "next_states", "dones", "discounts")
 

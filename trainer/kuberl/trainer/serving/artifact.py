@@ -253,12 +253,6 @@ def _space_info(d: dict[str, Any]) -> SpaceInfo:
 
 def _make_policy(info: SpaceInfo, cfg: dict[str, Any]):
     """The same numpy policy classes a rollout worker builds for this config."""
-    from kuberl.trainer.policy import ActorCriticPolicy, QPolicy
-
-    if cfg["kind"] == "ppo":
-        return ActorCriticPolicy(info, cfg["n_layers"], cfg["activation"])
-    if cfg["kind"] == "dqn":
-        return QPolicy(info, cfg["n_layers"], cfg["activation"], cfg["dueling"])
-    from kuberl.trainer.policy_registry import make_policy
+    from kuberl.trainer.policies import make_policy
 
     return make_policy(info, cfg)

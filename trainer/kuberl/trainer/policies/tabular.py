@@ -1,8 +1,5 @@
-"""Acting policies beyond PPO and DQN, built by rollout workers from an algorithm's `policy_config()`.
-
-`BranchingQPolicy` runs BDQ's network in numpy (epsilon-greedy per action branch); `TabularQPolicy`
-reads a Q-table through the `Discretiser` the tabular learner uses too. numpy only, like policy.py.
-"""
+"""Tabular Q-learning's acting policy and the `Discretiser` both it and the learner
+(`algorithms/qlearning.py`) use to turn an observation into a Q-table row."""
 
 from __future__ import annotations
 
@@ -12,72 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from kuberl.trainer.policy import Params, masked_argmax, mlp, random_legal
+from kuberl.trainer.policies.numpy_ops import Params, masked_argmax, random_legal
 from kuberl.trainer.spaces import SpaceInfo
 
 #: Largest Q-table (states x actions) the tabular learner allocates: 80 MB of float64.
 MAX_TABLE_ENTRIES = 10_000_000
-
-
-def make_policy(info: SpaceInfo, cfg: dict[str, Any], obs_space: Any = None):
-    """The acting policy for `cfg["kind"]` (everything but "ppo" and "dqn", which policy.py builds)."""
-    kind = cfg["kind"]
-    if kind == "bdq":
-        return BranchingQPolicy(info, cfg)
-    if kind == "tabular":
-        return TabularQPolicy(info, cfg)
-    raise ValueError(f"policy kind {kind!r} is unknown; known kinds: ppo, dqn, bdq, tabular")
-
-
-class BranchingQPolicy:
-    """BDQ's acting half: per-part encoders, trunk, value head and one advantage branch per action
-    dimension; each branch takes its own argmax, and explores on its own with probability epsilon."""
-
-    kind = "bdq"
-
-    def __init__(self, info: SpaceInfo, cfg: dict[str, Any]):
-        self.info = info
-        self.parts = [(key, int(width)) for key, width in cfg["parts"]]
-        self.trunk_layers = int(cfg["trunk_layers"])
-        self.activation = cfg["activation"]
-        self.branches = [int(n) for n in cfg["branches"]]
-        self.params: Params = {}
-
-    def load(self, params: Params) -> None:
-        self.params = params
-
-    def q_values(self, obs: np.ndarray) -> list[np.ndarray]:
-        p, act = self.params, self.activation
-        if self.parts:
-            pieces, start = [], 0
-            for key, width in self.parts:
-                pieces.append(mlp(p, f"encoders.{key}", obs[:, start : start + width], 1, act, final_act=True))
-                start += width
-            obs = np.concatenate(pieces, axis=1)
-        h = mlp(p, "trunk", obs, self.trunk_layers, act, final_act=True)
-        z = h @ p["heads.hidden.weight"].T + p["heads.hidden.bias"]
-        z = np.tanh(z) if act == "tanh" else np.maximum(z, 0.0)
-        z = z.reshape(len(h), len(self.branches) + 1, -1)
-        out = np.einsum("bkh,khn->bkn", z, p["heads.out_weight"]) + p["heads.out_bias"]
-        value = out[:, 0, :1]
-        advantages = [out[:, d + 1, :n] for d, n in enumerate(self.branches)]
-        return [value + adv - adv.mean(axis=1, keepdims=True) for adv in advantages]
-
-    def act(self, rng: np.random.Generator, obs: np.ndarray, mask: np.ndarray | None, epsilon: float = 0.0):
-        """[batch] actions for a Discrete space (one branch), else [batch, branches]."""
-        q = self.q_values(obs)
-        columns = []
-        for d, (q_d, n) in enumerate(zip(q, self.branches)):
-            branch_mask = mask if d == 0 and len(self.branches) == 1 else None
-            choice = masked_argmax(q_d, branch_mask)
-            if epsilon > 0.0:
-                explore = rng.random(len(obs)) < epsilon
-                if explore.any():
-                    choice = np.where(explore, random_legal(rng, n, len(obs), branch_mask), choice)
-            columns.append(choice)
-        if self.info.action_kind == "Discrete":
-            return columns[0]
-        return np.stack(columns, axis=1)
 
 
 class Discretiser:
@@ -162,6 +98,10 @@ class TabularQPolicy:
         self.n_actions = info.action_dims[0]
         self.table = np.zeros((self.discretise.n_states, self.n_actions), np.float32)
 
+    @classmethod
+    def from_config(cls, info: SpaceInfo, cfg: dict[str, Any]) -> TabularQPolicy:
+        return cls(info, cfg)
+
     def load(self, params: Params) -> None:
         self.table = params["q"]
 
@@ -174,3 +114,6 @@ class TabularQPolicy:
             return greedy
         explore = rng.random(len(obs)) < epsilon
         return np.where(explore, random_legal(rng, self.n_actions, len(obs), mask), greedy)
+
+    def greedy(self, obs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        return self.act(None, obs, mask, epsilon=0.0)
