@@ -3,16 +3,30 @@ allowed, via the real `kuberl validate` command; the committed CRD matches the m
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import subprocess
 import sys
+import types
+import typing
 
 import pytest
 import yaml
-
 from conftest import REPO
 from kuberl.api.crd import crd, crd_yaml
 from kuberl.api.job import AlgorithmName, RLTrainingJob
-from kuberl.api.load import InvalidJob, load_job_text, parse_job
+from kuberl.api.load import (
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_TEXT,
+    InvalidJob,
+    Override,
+    load_job_text,
+    parse_job,
+    parse_with_overrides,
+)
+from kuberl.trainer.envs.resolve import check_environment
+from pydantic import BaseModel
 
 
 def _validate(tmp_path, text: str) -> subprocess.CompletedProcess:
@@ -24,7 +38,7 @@ def _validate(tmp_path, text: str) -> subprocess.CompletedProcess:
 
 def _problems(data: dict) -> list:
     with pytest.raises(InvalidJob) as err:
-        parse_job(data)
+        parse_job(data, check=check_environment)
     return err.value.problems
 
 
@@ -170,3 +184,121 @@ def test_every_spec_field_is_described():
             walk(node["items"], path + "[]")
 
     walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec")
+
+
+# ---- numbers and sizes any job must keep to (kuberl.api.load's limits) ----------------------------------------
+
+
+def _float_fields(model: type[BaseModel], path: tuple = ()) -> list[tuple[tuple, bool]]:
+    """(alias path, is a list) of every float field of `model` and the models inside it."""
+    found = []
+    for name, field in model.model_fields.items():
+        here = path + (field.alias or name,)
+        union = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)  # (X | None)
+        for kind in typing.get_args(field.annotation) if union else (field.annotation,):
+            if kind is float:
+                found.append((here, False))
+            elif typing.get_origin(kind) is list and typing.get_args(kind) == (float,):
+                found.append((here, True))
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                found += _float_fields(kind, here)
+    return found
+
+
+FLOAT_FIELDS = _float_fields(RLTrainingJob)
+
+
+def _set(data: dict, path: tuple, value) -> None:
+    for key in path[:-1]:
+        data = data.setdefault(key, {})
+    data[path[-1]] = value
+
+
+def test_the_float_fields_are_found():
+    paths = {".".join(path) for path, _ in FLOAT_FIELDS}
+    assert {"spec.stopping.maxWallClockSeconds", "spec.algorithm.ppo.learningRate", "spec.algorithm.bdq.tau",
+            "spec.algorithm.qLearning.high", "status.progress.meanReturn"} <= paths
+    assert len(paths) > 30
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_every_float_field_refuses_a_non_finite_number(job_dict, value):
+    for path, is_list in FLOAT_FIELDS:
+        data = copy.deepcopy(job_dict)
+        _set(data, path, [value] if is_list else value)
+        expected = ".".join(path) + ("[0]" if is_list else "")
+        problems = {p.path: p.message for p in _problems(data)}
+        assert problems.get(expected) == "Input should be a finite number", (expected, problems)
+
+
+def test_integers_past_int64_are_refused_anywhere_and_int64_itself_is_not(job_dict):
+    job_dict["spec"]["stopping"]["maxEnvSteps"] = 2**63
+    job_dict["spec"]["environment"]["kwargs"] = {"low": -(2**63), "high": 2**63 - 1, "past": [-(2**63) - 1]}
+    problems = _problems(job_dict)
+    assert [(p.path, p.value) for p in problems] == [("spec.environment.kwargs.past[0]", -(2**63) - 1),
+                                                     ("spec.stopping.maxEnvSteps", 2**63)]
+    assert all("integers must be between -9223372036854775808 and 9223372036854775807" in p.message
+               for p in problems)
+
+
+def _nested(levels: int) -> dict:
+    inner: dict = {}
+    for _ in range(levels - 1):
+        inner = {"x": inner}
+    return inner
+
+
+def test_a_job_dict_nests_at_most_max_depth_levels(job_dict):
+    # kwargs is the fourth level (the document, spec, environment, kwargs)
+    job_dict["spec"]["environment"]["kwargs"] = _nested(MAX_DEPTH - 3)
+    parse_job(job_dict)
+    job_dict["spec"]["environment"]["kwargs"] = _nested(MAX_DEPTH - 2)
+    (p,) = _problems(job_dict)
+    assert p.path == "spec.environment.kwargs" + ".x" * (MAX_DEPTH - 3)
+    assert p.message == f"mappings and lists are nested {MAX_DEPTH + 1} levels deep here; a job may nest at most " \
+                        f"{MAX_DEPTH}"
+
+
+def test_a_cyclic_dict_is_refused_not_walked_forever(job_dict):
+    loop: dict = {}
+    loop["self"] = loop
+    job_dict["spec"]["environment"]["kwargs"] = loop
+    (p,) = _problems(job_dict)
+    assert p.path.startswith("spec.environment.kwargs.self.self") and "a job may nest at most" in p.message
+
+
+def test_a_dict_that_shares_its_lists_counts_each_use(job_dict):
+    # What an alias bomb becomes once loaded: 9 levels of 9 references to one list, 387 million strings.
+    level: list = ["lol"] * 9
+    for _ in range(8):
+        level = [level] * 9
+    job_dict["spec"]["environment"]["kwargs"] = {"bomb": level}
+    (p,) = _problems(job_dict)
+    assert p.path.startswith("spec.environment.kwargs.bomb")
+    assert f"the job holds more than {MAX_NODES} values" in p.message
+
+
+def test_a_dict_holds_at_most_max_text_characters(job_dict):
+    job_dict["spec"]["environment"]["kwargs"] = {"s": "x" * MAX_TEXT}
+    (p,) = _problems(job_dict)
+    assert p.path == "spec.environment.kwargs.s"
+    assert f"more than {MAX_TEXT} characters of keys and values" in p.message
+
+
+def test_a_huge_mapping_is_refused_at_its_path(job_dict):
+    job_dict["spec"]["environment"]["kwargs"] = {f"k{i}": i for i in range(MAX_NODES)}
+    (p,) = _problems(job_dict)
+    assert p.path == "spec.environment.kwargs" and f"a job may hold at most {MAX_NODES}" in p.message
+
+
+def test_an_override_is_validated_with_the_job_and_names_its_flag(job_dict):
+    text = yaml.safe_dump(job_dict, sort_keys=False)
+    workers = Override("--workers", ("spec", "rolloutWorkers", "replicas"), 1000)
+    with pytest.raises(InvalidJob) as err:
+        load_job_text(text, overrides=(workers,))
+    (p,) = err.value.problems
+    assert str(p) == "--workers (spec.rolloutWorkers.replicas): Input should be less than or equal to 512 " \
+                     "[given: 1000]"  # no line: the file's line holds the value the flag replaced
+    job = parse_with_overrides(job_dict, (dataclasses.replace(workers, value=3),))
+    assert job.spec.rollout_workers.replicas == 3
+    assert job_dict["spec"]["rolloutWorkers"]["replicas"] == 2  # the caller's dict is left alone

@@ -3,8 +3,9 @@ with the same text by `kuberl validate` and by the operator, and - through the o
 against the API emulator - failed as InvalidSpec before any pod, Service or NetworkPolicy exists.
 
 Each file names what it expects in its header: `# expect-path:` (a problem's field path) and
-`# expect-message:` (a fragment of that problem's message); `# cluster: no` marks YAML-only mistakes
-that kubectl and the API server turn into JSON before an operator could see them.
+`# expect-message:` (a fragment of that problem's message); `# expect-given: no` marks a problem with the
+document's shape (its size, nesting, characters) that has no single value to quote; `# cluster: no` marks
+YAML-only mistakes that kubectl and the API server turn into JSON before an operator could see them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kuberl.operator import lifecycle
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.handlers import JobLoop
 from kuberl.trainer import cli
+from kuberl.trainer.envs.resolve import check_environment
 
 MALFORMED = sorted((REPO / "tests" / "data" / "malformed").glob("*.yaml"))
 NS = "kuberl-malformed"
@@ -32,7 +34,7 @@ NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 
 
 def expectation(path: Path) -> dict[str, str]:
-    header = dict(re.findall(r"^# (expect-path|expect-message|cluster): (.*)$", path.read_text(), re.MULTILINE))
+    header = dict(re.findall(r"^# (expect-path|expect-message|expect-given|cluster): (.*)$", path.read_text(), re.MULTILINE))
     assert {"expect-path", "expect-message"} <= set(header), f"{path.name} names no expectation"
     return header
 
@@ -70,12 +72,14 @@ def test_there_are_at_least_30_malformed_jobs_each_naming_what_it_expects():
 def test_malformed_job_is_refused_naming_field_value_and_what_is_allowed(path, capsys):
     expected = expectation(path)
     with pytest.raises(InvalidJob) as err:
-        load_job_file(path)
+        load_job_file(path, check=check_environment)
     matching = [p for p in err.value.problems if p.path == expected["expect-path"]]
     assert matching, f"no problem at {expected['expect-path']}: {err.value}"
     assert any(expected["expect-message"] in p.message for p in matching), str(err.value)
     problem = next(p for p in matching if expected["expect-message"] in p.message)
-    if problem.path != "spec":  # (a rule over the whole spec names the values it compared instead)
+    if expected.get("expect-given") == "no":
+        assert not problem.has_value
+    elif problem.path != "spec":  # (a rule over the whole spec names the values it compared instead)
         assert problem.has_value and "[given: " in str(problem)
     assert problem.line is not None  # the file's line, for the user to find it
 

@@ -25,7 +25,9 @@ SHORT_NAMES = ["rltj"]
 
 
 class _Model(BaseModel):
-    """Base: camelCase in YAML, snake_case in Python, unknown fields rejected (they are typos)."""
+    """Base: camelCase in YAML, snake_case in Python, unknown fields rejected (they are typos), every
+    float finite: YAML's .inf and .nan are no JSON (the API server and the learner pod get a job as JSON),
+    and `maxWallClockSeconds: .inf` would be a job that never stops."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -33,6 +35,7 @@ class _Model(BaseModel):
         extra="forbid",
         validate_default=True,
         use_enum_values=False,
+        allow_inf_nan=False,
     )
 
 

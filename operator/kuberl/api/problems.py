@@ -22,8 +22,21 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.path}" + (f" (line {self.line})" if self.line else "")
-        given = f" [given: {_sorted(self.value)!r}]" if self.has_value else ""
+        given = f" [given: {_shown(self.value)}]" if self.has_value else ""
         return f"{where}: {self.message}{given}"
+
+
+#: A quoted value is cut after this many characters: a 1 MiB string or a whole kwargs mapping would drown
+#: the message, and the operator puts it in the job's status.
+SHOWN_MAX = 300
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(_sorted(value))
+    except ValueError:  # an int of more digits than Python prints
+        text = "an integer too long to print"
+    return text if len(text) <= SHOWN_MAX else f"{text[:SHOWN_MAX]}... ({len(text)} characters)"
 
 
 def _sorted(value: Any) -> Any:

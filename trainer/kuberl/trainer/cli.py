@@ -12,16 +12,21 @@ from pathlib import Path
 
 
 def _print_problems(err) -> None:
-    print(f"error: {err.source} is not a valid RLTrainingJob ({len(err.problems)} problem(s)):", file=sys.stderr)
-    for problem in err.problems:
-        print(f"  - {problem}", file=sys.stderr)
+    """Print every problem; in a learner pod also leave them as the container's termination message,
+    which the operator turns into the job's `InvalidSpec` status."""
+    text = err.report()
+    print(text, file=sys.stderr)
+    from kuberl.trainer.metrics import write_termination_message
+
+    write_termination_message(text)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from kuberl.api.load import InvalidJob, load_job_file
+    from kuberl.trainer.envs.resolve import check_environment
 
     try:
-        job = load_job_file(args.job)
+        job = load_job_file(args.job, check=check_environment)
     except InvalidJob as err:
         _print_problems(err)
         return 2
@@ -44,43 +49,64 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
-    from kuberl.api.load import InvalidJob, load_job_file, parse_job
+#: The flags of `train` and `learner` that set a spec field: the job is validated with them in place, by
+#: the same rules as a job file, and a problem names the flag.
+SPEC_FLAGS = {
+    "--workers": ("spec.rolloutWorkers.replicas", int, "rollout workers"),
+    "--metrics-port": ("spec.metrics.port", int, "metrics port (0 = pick a free port)"),
+    "--max-env-steps": ("spec.stopping.maxEnvSteps", int, "stop after this many env steps"),
+    "--seed": ("spec.seed", int, "random seed"),
+    "--device": ("spec.learner.device", str, "learner device: auto, cpu or cuda"),
+}
 
+
+def _overrides(args: argparse.Namespace) -> tuple:
+    from kuberl.api.load import Override
+
+    given = ((flag, path, getattr(args, flag[2:].replace("-", "_"))) for flag, (path, _, _) in SPEC_FLAGS.items())
+    return tuple(Override(flag, tuple(path.split(".")), value) for flag, path, value in given if value is not None)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from kuberl.api.load import (
+        MAX_JOB_BYTES,
+        InvalidJob,
+        load_job_bytes,
+        load_job_file,
+        parse_with_overrides,
+        read_job_json,
+    )
+    from kuberl.trainer.envs.resolve import check_environment
+
+    overrides = _overrides(args)
     try:
         if args.job == "-" or args.job is None:
             spec_json = os.environ.get("KUBERL_JOB_SPEC")
             if args.job is None and spec_json:
-                import json
-
-                job = parse_job(json.loads(spec_json), source="$KUBERL_JOB_SPEC")
+                data = read_job_json(spec_json, "$KUBERL_JOB_SPEC")
+                # Named as the operator names it: the job's status quotes this text.
+                name = (data.get("metadata") or {}).get("name") if isinstance(data, dict) else None
+                job = parse_with_overrides(data, overrides, source=name or "$KUBERL_JOB_SPEC",
+                                           check=check_environment)
             elif args.job == "-":
-                from kuberl.api.load import load_job_text
-
-                job = load_job_text(sys.stdin.read(), source="<stdin>")
+                job = load_job_bytes(sys.stdin.buffer.read(MAX_JOB_BYTES + 1), source="<stdin>",
+                                     overrides=overrides, check=check_environment)
             else:
                 print("error: give a job file (or set KUBERL_JOB_SPEC in a learner pod)", file=sys.stderr)
                 return 2
         else:
-            job = load_job_file(args.job)
-        if args.workers is not None and args.workers < 1:
-            raise InvalidJob([_problem("--workers", "must be at least 1", args.workers)], "command line")
+            job = load_job_file(args.job, overrides=overrides, check=check_environment)
     except InvalidJob as err:
         _print_problems(err)
         return 2
 
     from kuberl.trainer.run import TrainOptions, train
 
-    options = TrainOptions(
+    options = TrainOptions(  # (the SPEC_FLAGS are in job.spec already)
         run_dir=Path(args.run_dir) if args.run_dir else None,
         resume=args.resume,
-        workers=args.workers,
         ray_address=args.ray_address or os.environ.get("KUBERL_RAY_ADDRESS"),
-        metrics_port=args.metrics_port,
         progress=not args.no_progress and sys.stderr.isatty(),
-        max_env_steps=args.max_env_steps,
-        seed=args.seed,
-        device=args.device,
         started_at=_process_start(),
         # A whole `kuberl train` process leaves by os._exit below and its embedded Ray goes with it
         # (`stop_local_ray_after_exit`), instead of stopping Ray's processes one by one (about 1.5 s).
@@ -111,8 +137,39 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_flag_problems(args: argparse.Namespace) -> list:
+    """`kuberl serve`'s numbers: --max-batch by spec.serving.maxBatch's rule (the operator passes it from
+    there); a port outside a pod may be any TCP port (a pod's must be 1024 or more)."""
+    from typing import Annotated
+
+    from kuberl.api.job import ServingSpec
+    from kuberl.api.load import Problem
+    from pydantic import Field, TypeAdapter, ValidationError
+
+    port = TypeAdapter(Annotated[int, Field(ge=1, le=65535)])
+    rules = {"--port": port, "--metrics-port": port,
+             "--max-batch": TypeAdapter(Annotated[(int, *ServingSpec.model_fields["max_batch"].metadata)])}
+    problems = []
+    for flag, rule in rules.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        try:
+            if value is not None:
+                rule.validate_python(value)
+        except ValidationError as err:
+            problems.append(Problem(flag, err.errors()[0]["msg"], value))
+    if args.port == args.metrics_port:
+        problems.append(Problem("--metrics-port", "must differ from --port", args.metrics_port))
+    return problems
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
+
+    problems = _serve_flag_problems(args)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        return 2
 
     # One BLAS thread: the server batches on one event loop, and BLAS threads that spin waiting for
     # work on a busy machine turned batch-64 forward passes from 70 µs into tens of milliseconds.
@@ -145,12 +202,6 @@ def _process_start() -> float | None:
         return None
 
 
-def _problem(path, message, value):
-    from kuberl.api.load import Problem
-
-    return Problem(path, message, value)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,12 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("job", nargs="?", default=None, help="RLTrainingJob YAML file ('-' for stdin)")
         p.add_argument("--resume", action="store_true", help="continue from the run directory's newest checkpoint")
         p.add_argument("--run-dir", help="run directory (default runs/<job name>; $KUBERL_RUN_DIR in a pod)")
-        p.add_argument("--workers", type=int, help="rollout workers (overrides spec.rolloutWorkers.replicas)")
         p.add_argument("--ray-address", help="join this Ray cluster (host:port) instead of starting one")
-        p.add_argument("--metrics-port", type=int, help="override spec.metrics.port (0 = pick a free port)")
-        p.add_argument("--max-env-steps", type=int, help="override spec.stopping.maxEnvSteps")
-        p.add_argument("--seed", type=int, help="override spec.seed")
-        p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override spec.learner.device")
+        for flag, (path, kind, what) in SPEC_FLAGS.items():
+            p.add_argument(flag, type=kind, help=f"{what} (overrides {path})")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.set_defaults(func=_cmd_train)
 
