@@ -189,6 +189,27 @@ def test_every_pod_meets_pod_security_restricted(job):
             assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_every_container_has_a_read_only_root_and_writes_only_to_volumes(job_dict):
+    # A checkpoint claim and serving: the serving Deployment's pod is checked with the job's pods.
+    job_dict["spec"]["checkpointing"]["volume"] = {"claimName": "rl-checkpoints"}
+    job_dict["spec"]["serving"] = {}
+    job = parse_job(job_dict)
+    serving = builders.build_serving_deployment(job, OPTIONS)["spec"]["template"]
+    for pod in [*builders.build_pods(job, OPTIONS), serving]:
+        spec = pod["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        # /tmp on disk: Ray's session directory (/tmp/ray) and its logs must not count as memory.
+        assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+        for container in spec["containers"] + spec.get("initContainers", []):
+            where = f"{pod['metadata'].get('name', 'serving')}/{container['name']}"
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert mounts["/tmp"] == "tmp", where
+            assert set(mounts.values()) <= set(volumes), f"{where} mounts a volume its pod lacks"
+    learner = builders.build_learner_pod(job, OPTIONS)["spec"]["containers"][0]
+    assert {m["mountPath"] for m in learner["volumeMounts"]} == {"/checkpoints", "/dev/shm", "/tmp"}
+
+
 def test_network_policies_keep_ray_ports_inside_the_job(job):
     ray_policy, learner_policy = builders.build_network_policies(job)
     same_job = [{"podSelector": {"matchLabels": {"kuberl.dev/job-name": "cartpole-ppo"}}}]

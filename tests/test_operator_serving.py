@@ -70,14 +70,16 @@ def test_serving_deployment_runs_kuberl_serve_on_the_claim_read_only(job_dict):
                                                    "prometheus.io/path": "/metrics"}
     pod = template["spec"]
     assert pod["restartPolicy"] == "Always"
-    assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "cartpole-checkpoints"}}]
+    assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "cartpole-checkpoints"}},
+                              {"name": "tmp", "emptyDir": {}}]  # scratch: the root filesystem is read-only
     (container,) = pod["containers"]
     assert container["image"] == "registry.local/kuberl-trainer:test"
     assert container["command"] == ["kuberl", "serve", "/checkpoints", "--host", "0.0.0.0", "--port=8100",
                                     "--metrics-port=9100", f"--model-name={JOB}", "--max-batch=64"]
     assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"},
                                   {"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
-    assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True}]
+    assert container["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True},
+                                         {"name": "tmp", "mountPath": "/tmp"}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": "http"}
     assert container["resources"] == {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}

@@ -31,9 +31,14 @@ POD_SECURITY_CONTEXT: dict[str, Any] = {
 CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
+    # Nothing in the image changes at run time: what Ray and the trainer write goes to volumes
+    # (the scratch /tmp every pod gets, /dev/shm, the checkpoint volume).
+    "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+#: Where every container of a job gets writable scratch space (see _scratch_volume).
+SCRATCH_PATH = "/tmp"
 
 #: Where the learner writes its final metrics when it exits (Kubernetes' default path).
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
@@ -152,6 +157,7 @@ def _container(name: str, job: RLTrainingJob, options: BuildOptions, command: li
         "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
     }
     container.update(extra)
+    container["volumeMounts"] = [*extra.get("volumeMounts", []), _scratch_volume()[1]]
     return container
 
 
@@ -159,6 +165,13 @@ def _shm_volume() -> tuple[dict[str, Any], dict[str, Any]]:
     # Ray's object store lives in /dev/shm; container runtimes give it 64 MiB unless a memory
     # emptyDir is mounted there.
     return ({"name": "shm", "emptyDir": {"medium": "Memory"}}, {"name": "shm", "mountPath": "/dev/shm"})
+
+
+def _scratch_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    # The root filesystem is read-only: Ray's session directory (/tmp/ray: logs, sockets, spilled
+    # objects) and Python's tempfile need a writable /tmp. On disk, not in memory, so Ray's logs do not
+    # count against the pod's memory; no sizeLimit, which would evict a long run whose logs outgrow it.
+    return ({"name": "tmp", "emptyDir": {}}, {"name": "tmp", "mountPath": SCRATCH_PATH})
 
 
 def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: list[dict[str, Any]],
@@ -171,7 +184,7 @@ def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: lis
         "enableServiceLinks": False,
         "securityContext": dict(POD_SECURITY_CONTEXT),
         "containers": containers,
-        "volumes": volumes,
+        "volumes": [*volumes, _scratch_volume()[0]],  # every container mounts it (_container)
     }
     if init_containers:
         spec["initContainers"] = init_containers
