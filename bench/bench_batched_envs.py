@@ -10,10 +10,12 @@ one core (the first of its affinity):
   - raw, batched: TicTacToeBatch / AutoscalingBatch, the same actions (tests/test_batched_envs.py
     checks they run the same episodes step for step);
   - worker: one RolloutWorker (plain class) on the batched env, `sample_offpolicy` with the DQN
-    policy of the env's example job (64 steps per call, new weights every call, as in training).
-    Tic-Tac-Toe's self-play opponent is a frozen copy of that policy in all three.
-Measured in turns (reference, batched, worker, repeated), the median of `--repeats` rounds; the load
-average is recorded (the machine is shared).
+    policy of the env's example job (64 steps per call, new weights every call, as in training);
+  - single env: one env made as evaluation and SyncVectorEnv make theirs (`rollout.make_env`),
+    stepped alone with random legal actions.
+    Tic-Tac-Toe's self-play opponent is a frozen copy of that policy in all four.
+Measured in turns (reference, batched, worker, single, repeated), the median of `--repeats` rounds;
+the load average is recorded (the machine is shared).
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bench_rollout import REPO, interleaved_rates  # noqa: E402
+import gymnasium as gym
+import numpy as np
+from bench_rollout import REPO, interleaved_rates
 
 EXAMPLES = {
     "kuberl/TicTacToe-v0": "tictactoe-dqn.yaml",
@@ -64,11 +65,12 @@ def _kwargs(env_id: str) -> dict:
 
 
 def steppers(env_id: str, n: int):
-    from kuberl.trainer.rollout import RolloutWorker, make_vector_env
+    from kuberl.trainer.rollout import RolloutWorker, make_env, make_vector_env
 
     kwargs = _kwargs(env_id)
     reference = make_vector_env(env_id, kwargs, n, batched=False)
     batched = make_vector_env(env_id, kwargs, n)
+    single = make_env(env_id, kwargs)
     algo = _algorithm(env_id, batched)
     if env_id == "kuberl/TicTacToe-v0":
         from kuberl.trainer.selfplay import FrozenOpponent
@@ -77,7 +79,7 @@ def steppers(env_id: str, n: int):
         worker = RolloutWorker(env_id, kwargs, n, 0, algo.policy_config())
         worker.set_weights(algo.weights(), 0)
         opponent.refresh(worker.policy, 0)
-        for env in reference.envs:
+        for env in [*reference.envs, single]:
             env.unwrapped.set_opponent_policy(opponent)
         batched.set_opponent_policy(opponent)
     else:
@@ -85,6 +87,25 @@ def steppers(env_id: str, n: int):
     space = batched.single_action_space
     rng = np.random.default_rng(0)
     chunk = 32
+
+    def one_env() -> int:
+        # One env alone, as evaluation and a SyncVectorEnv's copies step it: reset when an episode ends.
+        info = single_state["info"]
+        for _ in range(chunk):
+            mask = info.get("action_mask")
+            if mask is not None:
+                action = int(np.argmax(rng.random(9) + mask))
+            elif isinstance(space, gym.spaces.MultiDiscrete):
+                action = rng.integers(0, space.nvec)
+            else:
+                action = int(rng.integers(0, space.n))
+            _obs, _r, terminated, truncated, info = single.step(action)
+            if terminated or truncated:
+                _obs, info = single.reset()
+        single_state["info"] = info
+        return chunk
+
+    single_state = {"info": single.reset(seed=0)[1]}
 
     def raw(env):
         _obs, info = env.reset(seed=0)
@@ -110,7 +131,8 @@ def steppers(env_id: str, n: int):
         version[0] += 1
         return worker.sample_offpolicy(algo.weights(), version[0], 64, 0.1, 0.99, 1)["env_steps"]
 
-    return {"reference_sync_vector_env": raw(reference), "batched": raw(batched), "worker_on_batched": work}
+    return {"reference_sync_vector_env": raw(reference), "batched": raw(batched), "worker_on_batched": work,
+            "single_env": one_env}
 
 
 def main() -> None:
@@ -120,7 +142,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "batched_envs.json")
     args = p.parse_args()
-    core = sorted(os.sched_getaffinity(0))[0]
+    import kuberl.trainer.envs as envs_package
+
+    core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
     started = time.time()
     results = {}
@@ -138,6 +162,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "processor": platform.machine(), "python": platform.python_version(),
                     "pinned_core": core, "note": "cores shared with other work; see loadavg_1min per rate"},
         "envs": args.envs,
+        "code": str(Path(envs_package.__file__).resolve().parent),  # which tree's envs ran (A/B runs)
         "wall_seconds": round(time.time() - started, 1),
         "results": results,
     }

@@ -1,11 +1,13 @@
 """The numpy-batched environments run the same episodes as their per-env reference under the same
-seeds, step for step; and a rollout worker's vectorised evaluation equals the one-env-at-a-time one."""
+seeds, step for step (autoreset, final_obs / final_info and per-copy seeding included); and a rollout
+worker's vectorised evaluation equals the one-env-at-a-time one. Tic-Tac-Toe's and the autoscaling
+envs' two versions run one implementation of the rules (tictactoe_games.py, autoscaling_service.py);
+tests/test_golden_envs.py holds both to the episodes recorded before they did."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from kuberl.trainer.envs.batched import CartPoleBatch, make_batched
 from kuberl.trainer.rollout import RolloutWorker, make_vector_env
 

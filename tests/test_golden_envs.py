@@ -1,7 +1,8 @@
 """Today's envs play the golden episodes (tests/golden_envs.py) bit for bit: each single env replaying
 the recorded actions, and the numpy-batched env running all of a scenario's seeds side by side
 (autoreset in the same step). The recording was made with the per-env classes as they were before
-the per-env env became a view of the batched one; every env also passes gymnasium's env checker."""
+the single and the batched envs shared one implementation of the rules (issue 20); every single env
+also passes gymnasium's env checker."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.utils.env_checker import check_env
 from golden_envs import SCENARIOS, ScoringOpponent, load, make_single, play
-
+from gymnasium.utils.env_checker import check_env
 from kuberl.trainer.rollout import make_vector_env
 
 
@@ -30,7 +30,7 @@ def test_single_env_replays_the_golden_episodes(name):
     for seed in scenario.seeds:
         recorded = load(name, seed)
         actions = recorded["actions"]
-        replayed = play(make_single(scenario), seed, scenario.steps, lambda t, _info: actions[t])
+        replayed = play(make_single(scenario), seed, scenario.steps, lambda t, _info, a=actions: a[t])
         _assert_same(recorded, replayed, f"{name} seed {seed}")
 
 
@@ -99,3 +99,20 @@ def test_every_single_env_passes_gymnasiums_env_checker(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(make_single(scenario))
+
+
+@pytest.mark.parametrize("name", ["autoscaling_spike_bounds", "multi_two_tiers_four_weights", "tictactoe_mix"])
+def test_single_env_returns_python_numbers(name):
+    """The single env's reward, flags and info are plain Python values (numpy scalars would leak
+    into user code and compare differently, e.g. `is True`), as before the rewrite."""
+    scenario = SCENARIOS[name]
+    recorded = load(name, scenario.seeds[0])
+    env = make_single(scenario)
+    _, info = env.reset(seed=scenario.seeds[0])
+    for t in range(20):
+        _, reward, terminated, truncated, info = env.step(recorded["actions"][t])
+        assert type(reward) is float and type(terminated) is bool and type(truncated) is bool
+        for key, value in info.items():
+            assert not isinstance(value, np.generic), (key, type(value))
+        if terminated or truncated:
+            _, info = env.reset()

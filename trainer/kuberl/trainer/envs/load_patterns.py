@@ -89,11 +89,6 @@ def check_pattern(name: str) -> str:
     return name
 
 
-def cycle_phase(t: int | np.ndarray, params: LoadParams) -> float | np.ndarray:
-    """Fraction of the load cycle completed at interval `t`, in [0, 1)."""
-    return (t % params.period) / params.period
-
-
 def generate_load(
     pattern: str, length: int, rng: np.random.Generator, params: LoadParams | None = None
 ) -> np.ndarray:

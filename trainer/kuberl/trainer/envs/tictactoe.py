@@ -17,7 +17,6 @@ side it plays, exactly as the env's opponent and a learner's frozen copy do.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,19 +27,17 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
-
+from kuberl.trainer.envs.elementwise import Arrays, Numbers
 from kuberl.trainer.envs.kwargs import config_from_kwargs
 from kuberl.trainer.envs.seeding import per_env_seeds
+from kuberl.trainer.envs.tictactoe_games import LINES, Games
 
 Policy = Callable[[np.ndarray, np.ndarray], Any]
 
-LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _LINES_THROUGH = tuple(tuple(line for line in LINES if cell in line) for cell in range(9))
 OPPONENTS = ("random", "self", "mix")
 AGENT_FIRST_VALUES = (True, False, "alternate", "random")
 OBS_SIZE = 18
-#: Uniform draws an env takes from its np_random at a time (the batched env takes the same stream).
-UNIFORM_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -211,11 +208,14 @@ def evaluate_self_play(policy: Policy, games: int = 1000) -> dict[str, int]:
     return counts
 
 
-# --- the environment --------------------------------------------------------------------------
+# --- the environments: one game or n games (tictactoe_games.py) ------------------------------
 
 
 class TicTacToeEnv(gym.Env):
-    """kuberl/TicTacToe-v0: the agent plays one side against the configured opponent."""
+    """kuberl/TicTacToe-v0: the agent plays one side against the configured opponent.
+
+    One game of tictactoe_games.py on Python numbers: the code TicTacToeBatch runs on arrays. Its
+    draws come from the env's `np_random`, so a game is the one a batched copy seeded alike plays."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
@@ -226,95 +226,59 @@ class TicTacToeEnv(gym.Env):
         self.config = TicTacToeConfig.from_kwargs(kwargs)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(OBS_SIZE,), dtype=np.float32)
         self.action_space = spaces.Discrete(9)
-        self._opponent_policy: Policy | None = None
-        self._uniforms: list[float] = []
-        self._next_uniform = UNIFORM_BLOCK
+        self._games = Games(self.config, Numbers)
         self._seeded = False
-        self._episode = 0
-        # Board from the agent's side: 1 agent, -1 opponent, 0 free. Observation and mask are kept
-        # in step with it so a step costs two array writes and two copies, not a re-encoding.
-        self._board = [0] * 9
-        self._obs = np.zeros(OBS_SIZE, dtype=np.float32)
-        self._mask = np.ones(9, dtype=bool)
-        self._free = 9
         self._done = True
-        self._agent_first = True
-        self._opponent_kind = "random"
-        self._fallback = False
-
-    # --- public API -----------------------------------------------------------------------------
 
     def set_opponent_policy(self, policy: Policy | None) -> None:
         """Install the policy the "self" opponent plays, `policy(obs, mask) -> cell`, called with one
         observation (18,) from the opponent's side and its mask (9,); None uninstalls it. Takes
         effect from the next move."""
-        self._opponent_policy = policy
+        self._games.policy = policy
+
+    @property
+    def _opponent_policy(self) -> Policy | None:
+        return self._games.policy
 
     def action_masks(self) -> np.ndarray:
         """Free cells (bool, 9) of the current board."""
-        return self._mask.copy()
+        return self._games.action_mask()
 
     @property
     def board(self) -> list[int]:
         """The board with X = 1, O = -1, 0 free (the helpers' convention)."""
-        sign = 1 if self._agent_first else -1
-        return [sign * c for c in self._board]
-
-    # --- gymnasium --------------------------------------------------------------------------------
+        sign = 1 if self._games.agent_first else -1
+        mine, theirs = self._games.mine, self._games.theirs
+        return [sign if (mine >> c) & 1 else -sign if (theirs >> c) & 1 else 0 for c in range(9)]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         if seed is not None or not self._seeded:
-            self._next_uniform = UNIFORM_BLOCK  # the next draw starts a block from the (re)seeded np_random
+            self._games.seed([self.np_random])  # draws start afresh from the (re)seeded np_random
             self._seeded = True
-            self._episode = 0
-        cfg = self.config
-        if cfg.agent_first == "alternate":
-            self._agent_first = self._episode % 2 == 0
-        elif cfg.agent_first == "random":
-            self._agent_first = self._uniform() < 0.5
-        else:
-            self._agent_first = bool(cfg.agent_first)
-        wants_self = cfg.opponent == "self" or (cfg.opponent == "mix" and self._uniform() < cfg.opponent_mix)
-        self._fallback = wants_self and self._opponent_policy is None
-        self._opponent_kind = "self" if wants_self and not self._fallback else "random"
-        self._episode += 1
-
-        self._board = [0] * 9
-        self._obs[:] = 0.0
-        self._mask[:] = True
-        self._free = 9
+        games = self._games
+        games.reset(True)
         self._done = False
-        if not self._agent_first:
-            self._opponent_move()
-        return self._obs.copy(), self._reset_info()
+        return games.observation(), {
+            "action_mask": games.action_mask(),
+            "agent_first": games.agent_first,
+            "opponent": self._opponent_kind(),  # "random" or "self": who plays this episode
+            "opponent_fallback": games.fallback,  # "self" was drawn but no policy is installed
+        }
 
     def step(self, action):
         if self._done:
             raise RuntimeError("step() called on a finished game; call reset()")
-        cell = int(action)
-        if not 0 <= cell <= 8:
-            raise ValueError(f"action={action!r} is not allowed; allowed values: 0-8 (the cell to mark)")
-        if self._board[cell] != 0:
-            self._done = True
-            return (
-                self._obs.copy(),
-                float(self.config.illegal_move_reward),
-                True,
-                False,
-                self._info(True, "illegal"),
-            )
-        self._place(cell, 1)
-        if _completes_line(self._board, cell, 1):
-            return self._finish(1.0, "win")
-        if self._free == 0:
-            return self._finish(0.0, "draw")
-        reply = self._opponent_move()
-        if _completes_line(self._board, reply, -1):
-            return self._finish(-1.0, "loss")
-        if self._free == 0:
-            return self._finish(0.0, "draw")
-        return self._obs.copy(), 0.0, False, False, self._info(False, "")
+        reward, terminated, illegal, win, loss = self._games.play(int(action))
+        self._done = terminated
+        # "" while the game goes on; "win", "draw", "loss" or "illegal" at its end
+        outcome = "illegal" if illegal else "win" if win else "loss" if loss else "draw" if terminated else ""
+        info = {"action_mask": self._games.action_mask(), "illegal_move": illegal, "outcome": outcome,
+                "opponent": self._opponent_kind()}
+        return self._games.observation(), reward, terminated, False, info
+
+    def _opponent_kind(self) -> str:
+        return "self" if self._games.opponent_self else "random"
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -323,77 +287,17 @@ class TicTacToeEnv(gym.Env):
         board = self.board
         return "\n".join("".join(symbols[board[3 * r + c]] for c in range(3)) for r in range(3))
 
-    # --- internals ----------------------------------------------------------------------------------
-
-    def _place(self, cell: int, who: int) -> None:
-        self._board[cell] = who
-        self._obs[cell if who == 1 else 9 + cell] = 1.0
-        self._mask[cell] = False
-        self._free -= 1
-
-    def _uniform(self) -> float:
-        """The env's next uniform [0, 1) draw: np_random's stream, taken UNIFORM_BLOCK at a time."""
-        if self._next_uniform == UNIFORM_BLOCK:
-            self._uniforms = self.np_random.random(UNIFORM_BLOCK).tolist()
-            self._next_uniform = 0
-        u = self._uniforms[self._next_uniform]
-        self._next_uniform += 1
-        return u
-
-    def _opponent_move(self) -> int:
-        epsilon = self.config.opponent_epsilon
-        if self._opponent_kind == "self" and not (epsilon and self._uniform() < epsilon):
-            opponent_obs = np.concatenate((self._obs[9:], self._obs[:9]))
-            cell = int(self._opponent_policy(opponent_obs, self._mask.copy()))
-            if not (0 <= cell <= 8 and self._board[cell] == 0):
-                raise RuntimeError(
-                    f"the installed opponent policy chose cell {cell}, which is not free; "
-                    f"free cells: {np.flatnonzero(self._mask).tolist()} (it must respect the mask)"
-                )
-        else:
-            board = self._board
-            free = [i for i in range(9) if board[i] == 0]
-            cell = free[int(self._uniform() * len(free))]
-        self._place(cell, -1)
-        return cell
-
-    def _finish(self, reward: float, outcome: str):
-        self._done = True
-        return self._obs.copy(), reward, True, False, self._info(False, outcome)
-
-    def _info(self, illegal: bool, outcome: str) -> dict[str, Any]:
-        return {
-            "action_mask": self._mask.copy(),
-            "illegal_move": illegal,
-            "outcome": outcome,  # "" while the game goes on; "win", "draw", "loss" or "illegal" at its end
-            "opponent": self._opponent_kind,
-        }
-
-    def _reset_info(self) -> dict[str, Any]:
-        return {
-            "action_mask": self._mask.copy(),
-            "agent_first": self._agent_first,
-            "opponent": self._opponent_kind,  # "random" or "self": who plays this episode
-            "opponent_fallback": self._fallback,  # "self" was drawn but no policy is installed
-        }
-
-
-# --- the numpy-batched version ----------------------------------------------------------------
-
-_LINES = np.array(LINES)
-
 
 class TicTacToeBatch(VectorEnv):
-    """`num_envs` Tic-Tac-Toe games stepped with array operations, the same games as a
-    `SyncVectorEnv` of `TicTacToeEnv` (autoreset in the same step) under the same seeds.
+    """`num_envs` Tic-Tac-Toe games: the games the per-env env plays on one game's numbers, played on
+    arrays, so each is the game a `SyncVectorEnv` of `TicTacToeEnv` (autoreset in the same step)
+    seeded alike plays, step for step (tests/test_batched_envs.py, tests/test_golden_envs.py).
 
-    Each copy draws from its own generator, seeded as `SyncVectorEnv` seeds its copies, and takes
-    the same uniform draws in the same order as the per-env env does, so both play the same
-    episodes step for step (tests/test_batched_envs.py). A "self" opponent is asked for all games
-    at once: `policy.batch(obs (M, 18), mask (M, 9)) -> cells (M,)` when the policy offers it,
-    else one call per game. `info` carries `action_mask` (and `final_obs`, `final_info["action_mask"]`
-    and `final_info["illegal_move"]` for ended games); the per-game strings (`outcome`, `opponent`)
-    are left out.
+    Each game draws from its own generator, seeded as `SyncVectorEnv` seeds its copies. A "self"
+    opponent is asked for all games at once: `policy.batch(obs (M, 18), mask (M, 9)) -> cells (M,)`
+    when the policy offers it, else one call per game. `info` carries `action_mask` (and
+    `final_obs`, `final_info["action_mask"]` and `final_info["illegal_move"]` for ended games); the
+    per-game strings (`outcome`, `opponent`) are left out.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
@@ -405,138 +309,41 @@ class TicTacToeBatch(VectorEnv):
         self.single_action_space = spaces.Discrete(9)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self._opponent_policy: Policy | None = None
-        self.boards = np.zeros((num_envs, 9), np.int8)  # from the agent's side: 1 agent, -1 opponent
-        self.agent_first = np.ones(num_envs, bool)
-        self.opponent_self = np.zeros(num_envs, bool)  # this episode's opponent is the installed policy
-        self.fallback = np.zeros(num_envs, bool)
-        self.episode = np.zeros(num_envs, np.int64)
+        self._xp = Arrays(num_envs)
+        self.games = Games(self.config, self._xp)
         self._seed_all([None] * num_envs)
 
     def set_opponent_policy(self, policy: Policy | None) -> None:
         """As `TicTacToeEnv.set_opponent_policy`, for every game; `policy.batch` is used when present."""
-        self._opponent_policy = policy
+        self.games.policy = policy
+
+    @property
+    def _opponent_policy(self) -> Policy | None:
+        return self.games.policy
 
     def _seed_all(self, seeds: list[int | None]) -> None:
-        self.rngs = [gym.utils.seeding.np_random(s)[0] for s in seeds]
-        self._uniforms = np.stack([rng.random(UNIFORM_BLOCK) for rng in self.rngs])
-        self._next = np.zeros(self.num_envs, np.int64)
-        self.episode[:] = 0
-
-    def _draw(self, idx: np.ndarray) -> np.ndarray:
-        """One uniform draw for each env in `idx` (distinct), in each env's own stream."""
-        u = self._uniforms[idx, self._next[idx]]
-        self._next[idx] += 1
-        for i in idx[self._next[idx] == UNIFORM_BLOCK]:
-            self._uniforms[i] = self.rngs[i].random(UNIFORM_BLOCK)
-            self._next[i] = 0
-        return u
-
-    def _obs(self, boards: np.ndarray) -> np.ndarray:
-        return np.concatenate((boards == 1, boards == -1), axis=1).astype(np.float32)
-
-    def _reset_envs(self, idx: np.ndarray) -> None:
-        cfg = self.config
-        if isinstance(cfg.agent_first, bool):
-            first = np.full(len(idx), cfg.agent_first)
-        elif cfg.agent_first == "alternate":
-            first = self.episode[idx] % 2 == 0
-        else:  # "random"
-            first = self._draw(idx) < 0.5
-        if cfg.opponent == "self":
-            wants_self = np.ones(len(idx), bool)
-        elif cfg.opponent == "mix":
-            wants_self = self._draw(idx) < cfg.opponent_mix
-        else:
-            wants_self = np.zeros(len(idx), bool)
-        installed = self._opponent_policy is not None
-        self.fallback[idx] = wants_self & (not installed)
-        self.opponent_self[idx] = wants_self & installed
-        self.agent_first[idx] = first
-        self.episode[idx] += 1
-        self.boards[idx] = 0
-        second = idx[~first]
-        if len(second):
-            self._opponent_move(second)
-
-    def _opponent_move(self, idx: np.ndarray) -> None:
-        cells = np.empty(len(idx), np.int64)
-        by_policy = self.opponent_self[idx]
-        epsilon = self.config.opponent_epsilon
-        if epsilon and by_policy.any():
-            by_policy[by_policy] = self._draw(idx[by_policy]) >= epsilon
-        if by_policy.any():
-            played = idx[by_policy]
-            boards = self.boards[played]
-            obs = np.concatenate((boards == -1, boards == 1), axis=1).astype(np.float32)
-            mask = boards == 0
-            policy = self._opponent_policy
-            batch = getattr(policy, "batch", None)
-            if batch is not None:
-                chosen = np.asarray(batch(obs, mask), np.int64).reshape(-1)
-            else:
-                chosen = np.array([int(policy(o, m)) for o, m in zip(obs, mask)], np.int64)
-            bad = (chosen < 0) | (chosen > 8)
-            bad |= ~mask[np.arange(len(played)), np.clip(chosen, 0, 8)]
-            if bad.any():
-                j = int(np.flatnonzero(bad)[0])
-                raise RuntimeError(
-                    f"the installed opponent policy chose cell {int(chosen[j])}, which is not free; "
-                    f"free cells: {np.flatnonzero(mask[j]).tolist()} (it must respect the mask)"
-                )
-            cells[by_policy] = chosen
-        if not by_policy.all():
-            drawn = idx[~by_policy]
-            free = self.boards[drawn] == 0
-            k = (self._draw(drawn) * free.sum(axis=1)).astype(np.int64)  # as free[int(u * len(free))]
-            cells[~by_policy] = np.argmax(np.cumsum(free, axis=1) > k[:, None], axis=1)
-        self.boards[idx, cells] = -1
+        self.games.seed([gym.utils.seeding.np_random(s)[0] for s in seeds])
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
             self._seed_all(per_env_seeds(seed, self.num_envs))
-        self._reset_envs(np.arange(self.num_envs))
-        return self._obs(self.boards), self._reset_info()
-
-    def _reset_info(self) -> dict[str, Any]:
-        return {"action_mask": self.boards == 0, "agent_first": self.agent_first.copy(),
-                "opponent_fallback": self.fallback.copy()}
+        games = self.games
+        games.reset(self._xp.full(True))
+        info = {"action_mask": games.action_mask(), "agent_first": games.agent_first.copy(),
+                "opponent_fallback": games.fallback.copy()}
+        return games.observation(), info
 
     def step(self, actions):
-        cells = np.asarray(actions).astype(np.int64).reshape(self.num_envs)
-        if ((cells < 0) | (cells > 8)).any():
-            bad = int(cells[(cells < 0) | (cells > 8)][0])
-            raise ValueError(f"action={bad!r} is not allowed; allowed values: 0-8 (the cell to mark)")
-        rows = np.arange(self.num_envs)
-        illegal = self.boards[rows, cells] != 0
-        legal = rows[~illegal]
-        self.boards[legal, cells[legal]] = 1
-        win = np.zeros(self.num_envs, bool)
-        win[legal] = (self.boards[legal][:, _LINES].sum(axis=2) == 3).any(axis=1)
-        full = (self.boards != 0).all(axis=1)
-        playing = ~illegal & ~win & ~full
-        loss = np.zeros(self.num_envs, bool)
-        replying = rows[playing]
-        if len(replying):
-            self._opponent_move(replying)
-            loss[replying] = (self.boards[replying][:, _LINES].sum(axis=2) == -3).any(axis=1)
-            full[replying] = (self.boards[replying] != 0).all(axis=1)
-        terminated = illegal | win | loss | full
-        reward = np.where(win, 1.0, np.where(loss, -1.0, 0.0))
-        reward[illegal] = float(self.config.illegal_move_reward)
-        obs = self._obs(self.boards)
-        mask = self.boards == 0
+        (cells,) = self._xp.integers(actions, 1)
+        reward, terminated, illegal, _win, _loss = self.games.play(cells)
+        obs, mask = self.games.observation(), self.games.action_mask()
         info: dict[str, Any] = {"action_mask": mask}
         if terminated.any():
             # As SyncVectorEnv: an ended game's last step goes to final_obs / final_info (every
             # game ends there, so `illegal_move` is only in final_info), its reset takes its place.
-            ended = np.flatnonzero(terminated)
-            info["final_obs"] = obs.copy()
-            info["_final_obs"] = terminated.copy()
-            info["final_info"] = {"action_mask": mask.copy(), "_action_mask": terminated.copy(),
-                                  "illegal_move": illegal, "_illegal_move": terminated.copy()}
-            info["_final_info"] = terminated.copy()
-            self._reset_envs(ended)
-            obs[ended] = self._obs(self.boards[ended])
-            mask[ended] = self.boards[ended] == 0
+            info.update(final_obs=obs, _final_obs=terminated.copy(), _final_info=terminated.copy(), final_info={
+                "action_mask": mask, "_action_mask": terminated.copy(),
+                "illegal_move": illegal, "_illegal_move": terminated.copy()})
+            self.games.reset(terminated)
+            obs, info["action_mask"] = self.games.observation(), self.games.action_mask()
         return obs, reward, terminated, np.zeros(self.num_envs, bool), info
