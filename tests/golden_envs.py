@@ -59,9 +59,10 @@ SCENARIOS = {
     "multi_two_tiers_four_weights": Scenario(MULTI, {
         "load_pattern": "SPIKE", "tiers": [[1, 1], [3, 2.5]], "priority_weights": [0.0, 0.3, 0.7, 1.0],
         "low_priority_fraction": 0.6, "max_instances": 6, "episode_length": 30}, (4, 5), 70),
-    "multi_long_boot": Scenario(MULTI, {"startup_delay": 64, "episode_length": 80, "max_instances": 30}, (3,), 170),
-    "multi_free_tiers": Scenario(MULTI, {"tiers": [[1, 0], [2, 0]], "instance_cost": 0.0, "episode_length": 30},
-                                 (5,), 70),
+    "multi_long_boot": Scenario(MULTI, {"startup_delay": 64, "episode_length": 80, "max_instances": 30},
+                                (3,), 170),
+    "multi_free_tiers": Scenario(MULTI, {"tiers": [[1, 0], [2, 0]], "instance_cost": 0.0,
+                                         "episode_length": 30}, (5,), 70),
     "tictactoe_random": Scenario(TTT, {}, (0, 1), 120),
     "tictactoe_alternate": Scenario(TTT, {"agent_first": "alternate"}, (2,), 80),
     "tictactoe_mix": Scenario(TTT, {

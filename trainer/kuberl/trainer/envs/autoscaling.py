@@ -39,6 +39,10 @@ AutoscalingMulti-v0 (`AutoscalingMultiEnv`) acts on three dimensions at once, Mu
     keeps latency under the SLO at the price of dropped requests; it only acts when capacity falls
     short, which is what the instance and tier choices decide, so a lean fleet that sheds at peaks
     competes with a larger fleet that does not.
+
+These rules are implemented once, in autoscaling_service.py (and the observation in
+autoscaling_observation.py): `AutoscalingEnv` runs one copy of the service on Python numbers,
+`AutoscalingBatch` n copies on numpy arrays (elementwise.py says why both).
 """
 
 from __future__ import annotations
@@ -204,7 +208,8 @@ def _require_number(cfg: Any, name: str, positive: bool) -> None:
 # --- the envs: one copy or n copies of the service (autoscaling_service.py) -------------------
 
 _INFO_KEYS = ("arrivals", "served", "dropped", "queue", "running_instances", "booting_instances", "instances",
-              "capacity", "utilisation", "latency_ms", "slo_violation", "cost_instances", "cost_slo", "cost_dropped")
+              "capacity", "utilisation", "latency_ms", "slo_violation",
+              "cost_instances", "cost_slo", "cost_dropped")
 """Per-step info keys of both envs beside t and scaling_blocked (and the multi env's below)."""
 _MULTI_INFO_KEYS = ("dropped_low_priority", "priority_weight")
 
@@ -243,7 +248,8 @@ def _decode(xp: Any, actions: Any, space: spaces.Space) -> tuple[Any, Any, Any]:
     tiers, levels = int(space.nvec[1]), int(space.nvec[2])
     bad = (delta < 0) | (delta > 2) | (tier < 0) | (tier >= tiers) | (level < 0) | (level >= levels)
     if xp.any(bad):
-        raise ValueError(f"action={[int(xp.first(v, bad)) for v in (delta, tier, level)]!r} is outside {space}")
+        first_bad = [int(xp.first(v, bad)) for v in (delta, tier, level)]
+        raise ValueError(f"action={first_bad!r} is outside {space}")
     return delta - 1, tier, level
 
 
@@ -294,7 +300,8 @@ class AutoscalingEnv(gym.Env):
             return "(not reset)"
         last = self._service.last
         return (
-            f"t={self._service.t:4d} arrivals={last['arrivals']:6.1f} instances={last['running_instances']:3d}"
+            f"t={self._service.t:4d} arrivals={last['arrivals']:6.1f} "
+            f"instances={last['running_instances']:3d}"
             f"+{last['booting_instances']} booting queue={last['queue']:6.1f} "
             f"util={last['utilisation']:.2f} latency={last['latency_ms']:7.1f}ms"
             f"{' SLO-VIOLATION' if last['slo_violation'] else ''}"
@@ -362,7 +369,8 @@ class AutoscalingBatch(VectorEnv):
         # observation and info take its place.
         self.service.reset()
         fresh = self._info()
-        fresh.update(final_obs=obs, _final_obs=truncated.copy(), final_info=info, _final_info=truncated.copy())
+        fresh.update(final_obs=obs, _final_obs=truncated.copy(),
+                     final_info=info, _final_info=truncated.copy())
         return self._observer.observe(self.service), reward, terminated, truncated, fresh
 
 __all__ = [

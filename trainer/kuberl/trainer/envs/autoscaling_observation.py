@@ -89,8 +89,10 @@ class Observer:
             self.names: Any = {"macro": macro, "micro": MICRO_NAMES}
             self.parts = {"macro": len(macro), "micro": len(MICRO_NAMES)}
             self._macro, self._micro = _box(macro), _box(MICRO_NAMES)
-            split = cfg.observation_split
-            self.space = spaces.Dict({"macro": self._macro, "micro": self._micro}) if split else _box(macro + MICRO_NAMES)
+            if cfg.observation_split:
+                self.space = spaces.Dict({"macro": self._macro, "micro": self._micro})
+            else:
+                self.space = _box(macro + MICRO_NAMES)
         else:
             self.names, self.space = OBSERVATION_NAMES, _box(OBSERVATION_NAMES)
         self._ref_capacity = cfg.max_instances * cfg.capacity_per_instance
@@ -116,7 +118,8 @@ class Observer:
             values = xp.stack_float32([
                 last["utilisation"], last["running_utilisation"], self._per_queue(last["queue"]),
                 last["running_instances"] / cfg.max_instances, last["booting_instances"] / cfg.max_instances,
-                influx, influx_long, trend, latency, last["dropped"] * per_arrival, cycle_sin, cycle_cos, progress,
+                influx, influx_long, trend, latency, last["dropped"] * per_arrival,
+                cycle_sin, cycle_cos, progress,
             ])
             return _clip(values, self.space)
         macro = xp.stack_float32(
@@ -127,7 +130,8 @@ class Observer:
         micro = xp.stack_float32([
             last["utilisation"], last["running_utilisation"], self._per_queue(service.queue_high),
             self._per_queue(service.queue_low), influx, trend, latency,
-            (last["dropped"] - last["dropped_low_priority"]) * per_arrival, last["dropped_low_priority"] * per_arrival,
+            (last["dropped"] - last["dropped_low_priority"]) * per_arrival,
+            last["dropped_low_priority"] * per_arrival,
         ])
         macro, micro = _clip(macro, self._macro), _clip(micro, self._micro)
         if cfg.observation_split:

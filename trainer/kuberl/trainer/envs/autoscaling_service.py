@@ -38,7 +38,8 @@ def slo_utilisation(service_time_ms: float, latency_slo: float) -> float:
     low, high = 0.0, MAX_RHO
     for _ in range(50):
         mid = 0.5 * (low + high)
-        low, high = (mid, high) if processing_latency(Numbers, service_time_ms, mid) <= latency_slo else (low, mid)
+        meets = processing_latency(Numbers, service_time_ms, mid) <= latency_slo
+        low, high = (mid, high) if meets else (low, mid)
     return low
 
 
@@ -96,7 +97,7 @@ class Fleet:
         every other boot gets a step older."""
         capacity = extra = cost_rate = 0
         booting_per_tier = []
-        for k, (c, cost) in enumerate(zip(self.capacities, self.costs)):  # in tier order, as sum() over the tiers
+        for k, (c, cost) in enumerate(zip(self.capacities, self.costs)):  # tier order, as a sum() would
             due = (self.boots[k] >> self.delay) & 1
             running, booting = self.running[k] + due, self.booting[k] - due
             self.running[k], self.booting[k] = running, booting
@@ -189,7 +190,8 @@ class Service:
             "running_utilisation": served / capacity, "latency_ms": latency_ms, "slo_violation": violation,
             "priority_weight": shed_weight, "cost_instances": fleet["cost_rate"],
             "cost_slo": xp.where(violation, cfg.slo_violation_penalty, 0.0),
-            "cost_dropped": cfg.drop_penalty * dropped_high + self.low_drop_penalty * values["dropped_low_priority"],
+            "cost_dropped": (cfg.drop_penalty * dropped_high
+                             + self.low_drop_penalty * values["dropped_low_priority"]),
         })
         return values
 

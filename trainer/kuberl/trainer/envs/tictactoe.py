@@ -10,6 +10,9 @@ cells are free, and an action on an occupied cell ends the episode at once with
 the board as it was. Ending rather than ignoring the move keeps every step a real move, so a learner
 that ignores the mask sees the cost instead of a silent no-op.
 
+The game rules and the opponent are implemented once, in tictactoe_games.py: `TicTacToeEnv` plays
+one game on Python numbers, `TicTacToeBatch` n games on numpy arrays.
+
 Pure-python helpers for evaluation: `winner`, `legal_moves`, `play_game`, `evaluate_vs_random`,
 `evaluate_self_play`. A policy is a callable `policy(obs, mask) -> cell` seeing the board from the
 side it plays, exactly as the env's opponent and a learner's frozen copy do.
@@ -341,9 +344,10 @@ class TicTacToeBatch(VectorEnv):
         if terminated.any():
             # As SyncVectorEnv: an ended game's last step goes to final_obs / final_info (every
             # game ends there, so `illegal_move` is only in final_info), its reset takes its place.
-            info.update(final_obs=obs, _final_obs=terminated.copy(), _final_info=terminated.copy(), final_info={
-                "action_mask": mask, "_action_mask": terminated.copy(),
-                "illegal_move": illegal, "_illegal_move": terminated.copy()})
+            final_info = {"action_mask": mask, "_action_mask": terminated.copy(),
+                          "illegal_move": illegal, "_illegal_move": terminated.copy()}
+            info.update(final_obs=obs, _final_obs=terminated.copy(),
+                        final_info=final_info, _final_info=terminated.copy())
             self.games.reset(terminated)
             obs, info["action_mask"] = self.games.observation(), self.games.action_mask()
         return obs, reward, terminated, np.zeros(self.num_envs, bool), info

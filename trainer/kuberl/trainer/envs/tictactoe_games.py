@@ -22,11 +22,18 @@ UNIFORM_BLOCK = 64
 _LINE_MASKS = [sum(1 << c for c in line) for line in LINES]
 _HAS_LINE = np.array([any(b & m == m for m in _LINE_MASKS) for b in range(512)])
 _CELLS = np.array([[(b >> c) & 1 for c in range(9)] for b in range(512)], dtype=bool)
-_PLANE = _CELLS.astype(np.float32)
+_PLANES = (np.concatenate([_CELLS, 0 * _CELLS], axis=1).astype(np.float32),
+           np.concatenate([0 * _CELLS, _CELLS], axis=1).astype(np.float32))
+"""A mask's 18 observation entries: as the first plane (the mover's marks), as the second."""
 _FREE_COUNT = _CELLS.sum(axis=1)
 _NTH_CELL = np.zeros((512, 9), np.int64)
 for _b in range(512):
     _NTH_CELL[_b, : _FREE_COUNT[_b]] = np.flatnonzero(_CELLS[_b])
+
+
+def _observation(mover, other) -> np.ndarray:
+    """Float32 planes seen by the player to move: 1.0 at its marks (0-8), then at the other's (9-17)."""
+    return _PLANES[0][mover] + _PLANES[1][other]  # one add: cheaper than a concatenate for one game
 
 
 class Uniforms:
@@ -70,8 +77,8 @@ class Games:
         self.episode = self.xp.full(0)
 
     def observation(self) -> np.ndarray:
-        """Float32 planes: 1.0 at the agent's marks (0-8), then at the opponent's (9-17)."""
-        return np.concatenate((_PLANE[self.mine], _PLANE[self.theirs]), axis=-1)
+        """The agent's: 1.0 at its marks (0-8), then at the opponent's (9-17)."""
+        return _observation(self.mine, self.theirs)
 
     def action_mask(self) -> np.ndarray:
         return _CELLS[FULL ^ (self.mine | self.theirs)].copy()  # one game's row is a view of the table
@@ -107,15 +114,18 @@ class Games:
         xp, cfg = self.xp, self.config
         bad = (cells < 0) | (cells > 8)
         if xp.any(bad):
-            raise ValueError(f"action={int(xp.first(cells, bad))!r} is not allowed; allowed values: 0-8 (the cell to mark)")
+            raise ValueError(
+                f"action={int(xp.first(cells, bad))!r} is not allowed; allowed values: 0-8 (the cell to mark)"
+            )
         bit = 1 << cells
         illegal = ((self.mine | self.theirs) & bit) != 0
-        self.mine = self.mine | xp.where(illegal, 0, bit)
-        win = xp.lookup(_HAS_LINE, self.mine)
-        moving = xp.not_(illegal | win | ((self.mine | self.theirs) == FULL))
+        self.mine = mine = self.mine | xp.where(illegal, 0, bit)
+        win = xp.lookup(_HAS_LINE, mine)
+        moving = xp.not_(illegal | win | ((mine | self.theirs) == FULL))
         loss = self._opponent_moves(moving) if xp.any(moving) else moving
         terminated = illegal | win | loss | ((self.mine | self.theirs) == FULL)
-        reward = xp.where(illegal, float(cfg.illegal_move_reward), xp.where(win, 1.0, xp.where(loss, -1.0, 0.0)))
+        outcome_reward = xp.where(win, 1.0, xp.where(loss, -1.0, 0.0))
+        reward = xp.where(illegal, float(cfg.illegal_move_reward), outcome_reward)
         return reward, terminated, illegal, win, loss
 
     def _opponent_moves(self, moving):
@@ -131,7 +141,8 @@ class Games:
         cell = 0
         if xp.any(randomly):
             # The k-th free cell in increasing order, k = int(u * number of free cells).
-            cell = xp.lookup(_NTH_CELL, free, xp.to_int(self.uniforms.draw(randomly) * xp.lookup(_FREE_COUNT, free)))
+            k = xp.to_int(self.uniforms.draw(randomly) * xp.lookup(_FREE_COUNT, free))
+            cell = xp.lookup(_NTH_CELL, free, k)
         if xp.any(asked):
             cell = xp.where(asked, self._policy_moves(asked, free), cell)
         self.theirs = self.theirs | xp.where(moving, 1 << cell, 0)
@@ -141,7 +152,7 @@ class Games:
         """The installed policy's cells where `asked` holds, each seen from the opponent's side."""
         xp = self.xp
         theirs, mine = xp.gather(self.theirs, asked), xp.gather(self.mine, asked)
-        obs = np.concatenate((_PLANE[theirs], _PLANE[mine]), axis=-1)
+        obs = _observation(theirs, mine)
         cells = xp.ask(self.policy, asked, obs, _CELLS[xp.gather(free, asked)].copy())
         bad = asked & ((cells < 0) | (cells > 8) | (((free >> xp.minimum(xp.maximum(cells, 0), 8)) & 1) == 0))
         if xp.any(bad):
