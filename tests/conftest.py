@@ -19,3 +19,14 @@ _EXAMPLE = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
 def job_dict() -> dict:
     """The CartPole PPO example as a dict, safe to mutate."""
     return copy.deepcopy(_EXAMPLE)
+
+
+def job_pods(job, options) -> list[dict]:
+    """Every pod the operator makes for a fresh job: head, learner and k rollout workers, in that order."""
+    from kuberl.operator import builders
+
+    return [
+        builders.build_head_pod(job, options),
+        builders.build_learner_pod(job, options),
+        *(builders.build_worker_pod(job, options, i) for i in range(job.spec.rollout_workers.replicas)),
+    ]

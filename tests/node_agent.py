@@ -28,12 +28,14 @@ volumes (the service-account token included) (a Pod using one fails with a messa
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import http.client
 import ipaddress
 import json
 import logging
+import math
 import os
 import pathlib
 import shutil
@@ -46,6 +48,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from kuberl.api.kube import parse_quantity
 
 logger = logging.getLogger(__name__)
 
@@ -328,11 +332,14 @@ class PodRunner:
 
     def _start(self, spec: Body, state: ContainerState, volumes: list[str]) -> None:
         podman_name = f"k8s_{spec['name']}_{self.name}_{self.ns}_{self.uid[:8]}_{state.restart_count}"
-        argv = self.agent.run_argv(self, spec, podman_name, volumes)
-        result = self.agent.podman(*argv, check=False)
+        try:
+            argv = self.agent.run_argv(self, spec, podman_name, volumes)
+        except LookupError as exc:  # a missing Secret: the kubelet's CreateContainerConfigError, then a retry
+            argv, config_error = None, str(exc)
+        result = self.agent.podman(*argv, check=False) if argv else None
         state.current = podman_name
-        if result.returncode != 0:
-            message = result.stderr.strip() or result.stdout.strip()
+        if result is None or result.returncode != 0:
+            message = config_error if result is None else (result.stderr.strip() or result.stdout.strip())
             state.state = {"terminated": {"exitCode": 128, "reason": "StartError", "message": message,
                                           "startedAt": _now(), "finishedAt": _now()}}
             state.started = False
@@ -809,6 +816,14 @@ class NodeAgent:
                   "status.podIP": runner.ip, "status.hostIP": self.host_ip, "spec.nodeName": self.node_name}
         if path in values:
             return values[path]
+        ref = source.get("secretKeyRef")
+        if ref:  # as a kubelet does: the Secret read with the node's credentials, the key's bytes decoded
+            secret = self.api.get(f"/api/v1/namespaces/{runner.ns}/secrets/{ref['name']}")
+            data = (secret or {}).get("data") or {}
+            if ref["key"] not in data:
+                raise LookupError(f"CreateContainerConfigError: secret {ref['name']!r} or its key "
+                                  f"{ref['key']!r} not found")
+            return base64.b64decode(data[ref["key"]]).decode()
         raise ValueError(f"env valueFrom {dict(source)} is not supported by the test node agent")
 
     # ---- logs, for the emulator --------------------------------------------------------------------
@@ -869,19 +884,13 @@ class NodeAgent:
 
 
 def _cpu(quantity: Any) -> float:
-    text = str(quantity)
-    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-
-
-_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    """CPUs for `podman --cpus`, read as the API server reads a quantity (kuberl.api.kube)."""
+    return float(parse_quantity(str(quantity)))
 
 
 def _bytes(quantity: Any) -> int:
-    text = str(quantity)
-    for suffix, factor in _SUFFIXES.items():
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * factor)
-    return int(float(text))
+    """Bytes for `podman --memory` and tmpfs sizes; Kubernetes rounds a fractional byte count up."""
+    return math.ceil(parse_quantity(str(quantity)))
 
 
 # --------------------------------------------------------------------------------------------------

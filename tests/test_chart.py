@@ -292,11 +292,12 @@ def test_every_rendered_pod_passes_pod_security_restricted(values):
 
 
 def test_operators_job_pods_pass_pod_security_restricted():
+    from conftest import job_pods
     from kuberl.api.load import load_job_file
-    from kuberl.operator.builders import BuildOptions, build_pods
+    from kuberl.operator.builders import BuildOptions
 
     job = load_job_file(REPO / "examples" / "cartpole-ppo.yaml")
-    for pod in build_pods(job, BuildOptions()):
+    for pod in job_pods(job, BuildOptions()):
         assert_restricted(pod)
 
 
@@ -423,11 +424,12 @@ def test_pod_monitor_selects_the_learner_pods_the_operator_builds_and_nothing_el
     assert annotations["prometheus.io/port"] == str(metrics_ports[0]["containerPort"])
     assert annotations["prometheus.io/path"] == endpoint["path"]
 
+    from conftest import job_pods
     from kuberl.api.load import load_job_file
-    from kuberl.operator.builders import BuildOptions, build_pods
+    from kuberl.operator.builders import BuildOptions
 
     job = load_job_file(REPO / "examples" / "cartpole-ppo.yaml")
-    others = [p for p in build_pods(job, BuildOptions()) if p["metadata"]["name"] != learner["metadata"]["name"]]
+    others = [p for p in job_pods(job, BuildOptions()) if p["metadata"]["name"] != learner["metadata"]["name"]]
     assert others and not any(matches(selector, p["metadata"]["labels"]) for p in others)
     operator_pod = one(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert not matches(selector, operator_pod)

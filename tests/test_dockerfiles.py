@@ -157,12 +157,15 @@ class NotInTheOperatorImage(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NotInTheOperatorImage())
 from kuberl.operator import main
 from kuberl.operator.handlers import build_registry
-from kuberl.operator.builders import BuildOptions, build_pods
+from kuberl.operator import builders
 from kuberl.api.load import load_job_file
+from kuberl.api.semantics import check_registered
 main._preload_validation()
 for example in sys.argv[1:]:
-    job = load_job_file(example)  # with the semantic checks the operator runs (gymnasium spaces)
-    build_pods(job, BuildOptions())
+    job = load_job_file(example, check=check_registered)  # the operator's check: the table of registered envs
+    options = builders.BuildOptions()
+    builders.build_head_pod(job, options), builders.build_learner_pod(job, options)
+    builders.build_worker_pod(job, options, 0)
 build_registry()
 print("ok")
 """

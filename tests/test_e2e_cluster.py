@@ -213,3 +213,89 @@ def test_a_job_with_four_rollout_workers(bed):
     logs = bed.kubectl("logs", "-n", NS, "cartpole-four-learner").stdout
     assert "4/4 rollout workers" in logs, logs[-3000:]
     delete_and_check_nothing_left(bed, "cartpole-four")
+
+
+# ---- the trust boundary, on real containers --------------------------------------------------------------
+
+_GCS_PROBE = """
+import sys
+from ray._raylet import GcsClient
+try:
+    keys = GcsClient(address=sys.argv[1]).internal_kv_keys(b"", None, timeout=10)
+    print("ADMITTED", len(keys))
+except Exception as err:
+    print("REFUSED", type(err).__name__, err)
+"""
+
+
+def _stranger(bed: OneNodeCluster, script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run a Python script in a container of the trainer image on the bed's pod network: any other pod of
+    the cluster, not one of the job's."""
+    from cluster_bed import TRAINER_IMAGE
+
+    env_args = [a for k, v in (env or {}).items() for a in ("--env", f"{k}={v}")]
+    result = bed.podman("run", "--rm", "--network", bed.network, "--user", "1000", *env_args,
+                        "--entrypoint", "python3", TRAINER_IMAGE, "-c", script, *args, check=False)
+    return result.stdout + result.stderr
+
+
+def test_a_jobs_ray_cluster_admits_only_its_own_token_and_the_job_still_trains(bed):
+    import base64
+
+    job = example("cartpole-ppo.yaml", **{
+        # A simulator with a speed limit (at most 2 x 8 envs / 5 ms): the head is up for the whole probe.
+        "environment": {"id": "kuberl.trainer.envs.latency:LatencyEnv",
+                        "kwargs": {"step_seconds": 0.005, "episode_steps": 200}},
+        "stopping": {"targetReturn": 10_000, "maxEnvSteps": 60_000, "maxWallClockSeconds": 600},
+        "evaluation": {"episodes": 2}})
+    job["metadata"]["name"] = "ray-token"
+    apply(bed, job)
+    bed.cluster.wait_for("rltj", "ray-token", namespace=NS, timeout=300,
+                         predicate=lambda obj: (obj.get("status") or {}).get("phase") == "Running")
+    head_ip = bed.pod(NS, "ray-token-head")["status"]["podIP"]
+    address = f"{head_ip}:6379"
+
+    # A pod of the cluster without the token: Ray's own client is refused by the job's head.
+    refused = _stranger(bed, _GCS_PROBE, address)
+    assert "REFUSED AuthenticationError" in refused and "Authentication token is missing or incorrect" in refused, \
+        refused
+    wrong = _stranger(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+    assert "REFUSED AuthenticationError" in wrong, wrong
+    # The same client with the job's token (read as the cluster's admin, which the operator is not) is
+    # admitted: the refusals above are the token's doing, not the network's.
+    secret = bed.cluster.get("secrets", "ray-token-ray-token", NS)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) == 64 and token not in json.dumps(bed.cluster.get("pods", "ray-token-head", NS))
+    admitted = _stranger(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    assert "ADMITTED" in admitted, admitted
+    # Ray's dashboard (its job-submission API) wants the token too.
+    dashboard = _stranger(bed, "import sys, urllib.request as u\ntry:\n u.urlopen(sys.argv[1], timeout=10)\n"
+                               " print('OPEN')\nexcept Exception as err:\n print('CLOSED', err)\n",
+                          f"http://{head_ip}:8265/api/jobs/")
+    assert "CLOSED HTTP Error 401" in dashboard or "CLOSED HTTP Error 403" in dashboard, dashboard
+
+    wait_complete(bed, "ray-token", 600)
+    assert learner_figures(bed, "ray-token")["progress"]["envSteps"] >= 60_000
+    delete_and_check_nothing_left(bed, "ray-token")
+
+
+def test_a_spec_only_the_learner_can_check_fails_as_invalid_spec_with_validates_text(bed):
+    """`subprocess:run` is not a registered id: the operator starts the job, and its learner pod (never
+    the operator) refuses it before training, exit 2, kuberl validate's text as its termination message."""
+    job = example("cartpole-ppo.yaml", **{"environment": {"id": "subprocess:run",
+                                                          "kwargs": {"args": ["touch", "/tmp/ran"]}}})
+    job["metadata"]["name"] = "tenant-code"
+    apply(bed, job)
+    status = bed.cluster.wait_for("rltj", "tenant-code", namespace=NS, timeout=300,
+                                  predicate=lambda obj: (obj.get("status") or {}).get("phase") == "Failed")["status"]
+    assert status["reason"] == "InvalidSpec", status
+    assert status["message"].startswith("error: tenant-code is not a valid RLTrainingJob (1 problem(s)):"), status
+    assert "spec.environment.id" in status["message"] and "gymnasium.Env subclass" in status["message"], status
+    assert status["learnerRestarts"] == 0, status
+    # The head and the workers are deleted; the learner stays for its log.
+    wait_until(lambda: {p["metadata"]["name"] for p in bed.cluster.list(
+        "pods", NS, label_selector="kuberl.dev/job-name=tenant-code")} == {"tenant-code-learner"}, 120, 0.2,
+        "only the learner pod of tenant-code")
+    logs = bed.kubectl("logs", "-n", NS, "tenant-code-learner").stdout
+    assert "is not a valid RLTrainingJob" in logs, logs[-2000:]
+    delete_and_check_nothing_left(bed, "tenant-code")

@@ -6,6 +6,7 @@ import json
 
 import kubernetes_validate
 import pytest
+from conftest import job_pods
 from kuberl.api.job import RLTrainingJob
 from kuberl.api.load import parse_job
 from kuberl.operator import builders, names
@@ -29,11 +30,28 @@ def owner(job: RLTrainingJob) -> dict:
 
 
 def env_of(container: dict) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container["env"]}
+    return {e["name"]: e["value"] if "value" in e else e["valueFrom"] for e in container["env"]}
+
+
+def test_every_ray_process_authenticates_with_the_jobs_own_token_secret(job):
+    import base64
+
+    secret = builders.build_ray_token_secret(job, "t0ken")
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "cartpole-ppo-ray-token"
+    assert base64.b64decode(secret["data"]["token"]) == b"t0ken"
+    pods = [builders.build_head_pod(job, OPTIONS), builders.build_learner_pod(job, OPTIONS),
+            builders.build_worker_pod(job, OPTIONS, 0)]
+    for pod in pods:
+        (container,) = [c for c in pod["spec"]["containers"]]
+        env = env_of(container)
+        assert env["RAY_AUTH_MODE"] == "token", pod["metadata"]["name"]
+        assert env["RAY_AUTH_TOKEN"] == {"secretKeyRef": {"name": "cartpole-ppo-ray-token", "key": "token"}}
+    # The token is never in a manifest the operator builds, only in the Secret.
+    assert "t0ken" not in json.dumps(pods) and "t0ken" not in json.dumps(builders.build_services(job, OPTIONS))
 
 
 def test_children_names_labels_and_kinds(job):
-    pods = builders.build_pods(job, OPTIONS)
+    pods = job_pods(job, OPTIONS)
     assert [p["metadata"]["name"] for p in pods] == [
         "cartpole-ppo-head", "cartpole-ppo-learner",
         "cartpole-ppo-worker-0", "cartpole-ppo-worker-1", "cartpole-ppo-worker-2"]
@@ -58,7 +76,7 @@ def test_children_names_labels_and_kinds(job):
 
 
 def test_adopt_sets_owner_reference_and_keeps_our_labels(job):
-    children = builders.adopt(builders.build_pods(job, OPTIONS) + builders.build_services(job, OPTIONS), owner(job))
+    children = builders.adopt(job_pods(job, OPTIONS) + builders.build_services(job, OPTIONS), owner(job))
     for child in children:
         (ref,) = child["metadata"]["ownerReferences"]
         assert ref == {"apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob", "name": "cartpole-ppo",
@@ -180,7 +198,7 @@ def test_learner_without_metrics_has_no_port_probe_or_scrape_annotation(job_dict
 
 
 def test_every_pod_meets_pod_security_restricted(job):
-    for pod in builders.build_pods(job, OPTIONS):
+    for pod in job_pods(job, OPTIONS):
         assert restricted_violations(pod["spec"]) == []
         assert_restricted(pod)
         assert pod["spec"]["automountServiceAccountToken"] is False
@@ -195,7 +213,7 @@ def test_every_container_has_a_read_only_root_and_writes_only_to_volumes(job_dic
     job_dict["spec"]["serving"] = {}
     job = parse_job(job_dict)
     serving = builders.build_serving_deployment(job, OPTIONS)["spec"]["template"]
-    for pod in [*builders.build_pods(job, OPTIONS), serving]:
+    for pod in [*job_pods(job, OPTIONS), serving]:
         spec = pod["spec"]
         volumes = {v["name"]: v for v in spec["volumes"]}
         # /tmp on disk: Ray's session directory (/tmp/ray) and its logs must not count as memory.
@@ -231,15 +249,15 @@ def test_metrics_service_targets_the_learner_metrics_port(job):
 
 
 def test_all_children_validate_against_the_kubernetes_schemas(job):
-    children = builders.adopt(builders.build_pods(job, OPTIONS) + builders.build_services(job, OPTIONS), owner(job))
+    children = builders.adopt(job_pods(job, OPTIONS) + builders.build_services(job, OPTIONS), owner(job))
     for child in children:
         kubernetes_validate.validate(child, "1.31", strict=True)
 
 
 def test_builders_are_pure(job):
-    assert builders.build_pods(job, OPTIONS) == builders.build_pods(job, OPTIONS)
+    assert job_pods(job, OPTIONS) == job_pods(job, OPTIONS)
     before = job.model_dump()
-    builders.build_pods(job, OPTIONS)
+    job_pods(job, OPTIONS)
     builders.build_services(job, OPTIONS)
     assert job.model_dump() == before
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import job_pods
 from pod_security import pod_specs
 from tools import REPO, TOOLS_DIR, helm_binary, tool_missing
 
@@ -84,6 +85,12 @@ JOB_SKIPS = {
         "not the kubelet, tells the learner when its rollout slot is up; its pod is Ready once its "
         "container runs, past the init container that waits for the head. The head (its GCS port), "
         "the learner (/metrics, when metrics are on) and the serving pods have readiness probes."
+    ),
+    "CKV_K8S_35": (
+        "Secrets as files, not environment variables. Ray needs the job's Ray token in every process "
+        "of a node, and those processes (Ray's, and the job's own environment code in the rollout "
+        "workers) run as one uid, which could read a mounted token file as well as RAY_AUTH_TOKEN. "
+        "The value never appears in the pod spec: it is a secretKeyRef to the job's own Secret."
     ),
     "CKV_K8S_11": (
         "CPU limits. Job pods take spec.*.resources as the job author wrote them: Ray advertises a "
@@ -194,8 +201,8 @@ def write_jobs(directory: Path) -> int:
             jobs.append(served)
         for spec in jobs:
             job = parse_job(spec)
-            docs = [*builders.build_pods(job, options), *builders.build_services(job, options),
-                    *builders.build_serving(job, options)]
+            docs = [*job_pods(job, options), *builders.build_services(job, options),
+                    *builders.build_serving(job, options), builders.build_ray_token_secret(job, "x" * 64)]
             count += resource_count(docs)
             (directory / f"{job.metadata.name}.yaml").write_text(yaml.safe_dump_all(docs))
     return count

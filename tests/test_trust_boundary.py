@@ -41,8 +41,8 @@ def test_validate_refuses_a_name_that_is_not_an_env_class_before_calling_it(job_
     kwargs = json.loads(json.dumps(kwargs).replace("{touched}", str(touched)))
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(_job(job_dict, env_id, kwargs)))
-    proc = subprocess.run([*KUBERL, "validate", str(path)], capture_output=True, text=True, env=_env(tmp_path),
-                          timeout=120)
+    proc = subprocess.run([*KUBERL, "validate", str(path)], check=False, capture_output=True, text=True,
+                          env=_env(tmp_path), timeout=120)
     assert proc.returncode == INVALID_SPEC_EXIT_CODE, proc.stderr
     assert "spec.environment.id" in proc.stderr and why in proc.stderr, proc.stderr
     assert "gymnasium.Env subclass" in proc.stderr or "cannot import" in proc.stderr
@@ -57,7 +57,7 @@ def test_validate_accepts_an_env_class_and_an_id_its_module_registers(job_dict, 
     for env_id, kwargs in (("user_envs:Corridor", {"length": 4}), ("tenant_envs:TenantPole-v0", {})):
         path = tmp_path / "job.yaml"
         path.write_text(yaml.safe_dump(_job(job_dict, env_id, kwargs)))
-        proc = subprocess.run([*KUBERL, "validate", str(path)], capture_output=True, text=True,
+        proc = subprocess.run([*KUBERL, "validate", str(path)], check=False, capture_output=True, text=True,
                               env=_env(tmp_path), timeout=120)
         assert proc.returncode == 0, proc.stderr
 
@@ -69,7 +69,7 @@ def test_a_learner_pod_leaves_the_refusal_as_its_termination_message(job_dict, t
     message = tmp_path / "termination-log"
     env = {**_env(tmp_path), "KUBERL_JOB_SPEC": json.dumps(_job(job_dict, "subprocess:run", {"args": ["true"]})),
            "KUBERL_TERMINATION_MESSAGE_PATH": str(message)}
-    proc = subprocess.run([*KUBERL, "learner"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([*KUBERL, "learner"], check=False, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == INVALID_SPEC_EXIT_CODE, proc.stderr
     text = message.read_text()
     assert text.startswith("error: tenant-job is not a valid RLTrainingJob (1 problem(s)):")
@@ -78,8 +78,8 @@ def test_a_learner_pod_leaves_the_refusal_as_its_termination_message(job_dict, t
 
 
 def test_the_operators_table_of_registered_envs_is_the_generated_one():
-    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.envs.table", "--check"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.envs.table", "--check"], check=False,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 

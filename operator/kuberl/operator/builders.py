@@ -8,6 +8,7 @@ Names and labels come from `names`; the handlers add ownerReferences with `kopf.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 import kopf
 from kuberl.api import kube
 from kuberl.api.job import Resources, RLTrainingJob
+from kuberl.api.rollout_slots import rollout_slots
 from kuberl.operator import names
 from kuberl.operator.names import Component
 
@@ -50,6 +52,16 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: costs one batch, and the learner checkpoints on its own SIGTERM.
 RAY_ENV = [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
            {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"}]
+
+
+
+def _ray_env(job: RLTrainingJob) -> list[dict[str, Any]]:
+    """RAY_ENV, and Ray's token authentication with the job's own token (`build_ray_token_secret`): without
+    it, `ray start` leaves the cluster open to any pod that can reach it, and NetworkPolicies, the other
+    guard, are not enforced on many clusters."""
+    token = {"secretKeyRef": {"name": names.ray_token_secret(job.metadata.name), "key": names.RAY_TOKEN_KEY}}
+    return [*RAY_ENV, {"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": token}]
+
 
 # Workers and the learner wait for the head's GCS port before starting, instead of failing (and, for
 # the learner, spending a backoffLimit restart) while the head's image is still being pulled. A socket
@@ -222,7 +234,7 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
     ]
     shm, shm_mount = _shm_volume()
     container = _container(
-        "ray-head", job, options, command, head.resources, list(RAY_ENV),
+        "ray-head", job, options, command, head.resources, _ray_env(job),
         ports=[
             {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
             {"name": "dashboard", "containerPort": names.DASHBOARD_PORT, "protocol": "TCP"},
@@ -269,12 +281,12 @@ def build_worker_pod(job: RLTrainingJob, options: BuildOptions, index: int, *, e
         f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}",
         "--block",
         f"--num-cpus={cpu_count(workers.resources)}",
-        '--resources={"rollout_slot": 1}',
+        f"--resources={json.dumps(rollout_slots(1))}",  # one worker pod = one rollout slot
         "--disable-usage-stats",
     ]
     shm, shm_mount = _shm_volume()
     container = _container("rollout-worker", job, options, command, workers.resources,
-                           [_ray_address_env(job), *RAY_ENV], volumeMounts=[shm_mount])
+                           [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
     meta = _metadata(job, names.worker_pod(job.metadata.name, index), Component.ROLLOUT_WORKER,
                      epoch=epoch, worker_index=index)
     return _pod(meta, containers=[container], volumes=[shm], node_selector=workers.node_selector,
@@ -306,7 +318,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         {"name": "KUBERL_RUN_DIR", "value": names.CHECKPOINT_MOUNT},
         # The learner leaves its final metrics there; the operator reads them from the pod's status.
         {"name": "KUBERL_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH},
-        *RAY_ENV,
+        *_ray_env(job),
     ]
     shm, shm_mount = _shm_volume()
     extra: dict[str, Any] = {
@@ -472,6 +484,23 @@ def build_network_policies(job: RLTrainingJob) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------
+# The job's Ray token
+# --------------------------------------------------------------------------------------------
+
+
+def build_ray_token_secret(job: RLTrainingJob, token: str) -> dict[str, Any]:
+    """The Secret every Ray pod of the job reads its token from. The caller draws `token` at random; the
+    operator creates the Secret once and never reads it back (it may create and delete Secrets, not get them)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(job, names.ray_token_secret(job.metadata.name), Component.HEAD),
+        "type": "Opaque",
+        "data": {names.RAY_TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # Everything at once
 # --------------------------------------------------------------------------------------------
 
@@ -484,15 +513,6 @@ def build_services(job: RLTrainingJob, options: BuildOptions) -> list[dict[str, 
     if options.network_policies:
         out.extend(build_network_policies(job))
     return out
-
-
-def build_pods(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> list[dict[str, Any]]:
-    """Head, learner and k rollout workers, in that order."""
-    return [
-        build_head_pod(job, options, epoch=epoch),
-        build_learner_pod(job, options, epoch=epoch),
-        *(build_worker_pod(job, options, i, epoch=epoch) for i in range(job.spec.rollout_workers.replicas)),
-    ]
 
 
 def adopt(manifests: list[dict[str, Any]], owner: dict[str, Any]) -> list[dict[str, Any]]:

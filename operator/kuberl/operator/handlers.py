@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import secrets
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.operator import builders, lifecycle, names
-from kuberl.operator import status as st_
+from kuberl.operator import status as job_status
 from kuberl.operator.lifecycle import JobMeta, Plan, PodView
 from kuberl.operator.names import Component
 from kuberl.operator.runtime import ApiError, Runtime
@@ -31,19 +32,133 @@ from kuberl.operator.runtime import ApiError, Runtime
 QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements
 
 
+def validate_spec(body: kopf.Body, spec_json: str, logger: logging.Logger | logging.LoggerAdapter
+                  ) -> tuple[RLTrainingJob | None, list[Problem]]:
+    """Validate like `kuberl validate`: the schema, then the environment against the table of registered
+    ids (`check_registered`), never importing or building what the spec names; a `module:...` id is the
+    learner pod's to check. Returns the job (None when even the schema fails) and every problem."""
+    name = body["metadata"]["name"]
+    data = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": name, "namespace": body["metadata"]["namespace"],
+                     "labels": dict(body["metadata"].get("labels") or {})},
+        "spec": json.loads(spec_json),
+    }
+    try:
+        return parse_job(data, check=check_registered, source=name), []
+    except InvalidJob as err:
+        try:
+            return parse_job(data, source=name), list(err.problems)
+        except InvalidJob:
+            return None, list(err.problems)
+    except Exception as err:  # a spec that breaks the parser is the spec's problem, never a retry loop
+        logger.exception("validating the spec failed")
+        return None, [Problem("spec", f"cannot validate the spec: {type(err).__name__}: {err}", has_value=False)]
+
+
+class ProgressReader:
+    """The learner's progress for the job's status: its /metrics while it runs (every progress_interval),
+    its termination message once it has finished."""
+
+    def __init__(self, runtime: Runtime, job_name: str, logger: logging.Logger | logging.LoggerAdapter):
+        self.runtime, self.job_name, self.logger = runtime, job_name, logger
+        self.last_read = -math.inf
+
+    def due_in(self) -> float:
+        return max(0.0, self.last_read + self.runtime.config.progress_interval - time.monotonic())
+
+    async def read(self, job: RLTrainingJob | None, pods: list[PodView]) -> job_status.LearnerReport | None:
+        if job is None or not job.spec.metrics.enabled:
+            return None
+        # A learner that finished left its final metrics as its termination message: the last word on
+        # progress and the evaluation, which a scrape may have missed in the moments before it exited.
+        ended = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned
+                      and pod.phase == "Succeeded" and pod.final_message), None)
+        if ended is not None:
+            with contextlib.suppress(ValueError):
+                return job_status.parse_learner_metrics(ended.final_message, job_name=self.job_name)
+        if self.due_in() > 0:
+            return None
+        learner = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned
+                        and not pod.terminating and pod.phase == "Running"), None)
+        url = self.runtime.config.metrics_url()(job, learner) if learner is not None else None
+        if url is None:
+            return None
+        self.last_read = time.monotonic()
+        try:
+            return job_status.parse_learner_metrics(await self.runtime.get_text(url), job_name=self.job_name)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
+            self.runtime.metrics.errors.labels("progress", type(err).__name__).inc()
+            self.logger.debug(f"cannot read the learner's progress from {url}: {err}")
+            return None
+
+
+class ChildWriter:
+    """Carries out a plan's deletions and creations (create-if-absent) for one job."""
+
+    def __init__(self, runtime: Runtime, body: kopf.Body):
+        self.runtime, self.body = runtime, body
+        self.namespace = body["metadata"]["namespace"]
+
+    async def apply(self, plan: Plan, job: RLTrainingJob | None) -> tuple[set[str], str | None, Exception | None]:
+        """Delete, then create-if-absent. Returns the pods that exist now among those it meant to create,
+        what the API server refused as invalid (422), and the first unexpected API error (after doing the
+        rest)."""
+        kube = self.runtime.kube
+        errors: list[Exception] = []
+        deletions = await asyncio.gather(*(kube.delete_pod(self.namespace, pod.name, pod.uid) for pod in plan.delete),
+                                         return_exceptions=True)
+        # 404/409: already gone, or replaced by a pod with another uid.
+        errors += [r for r in deletions if isinstance(r, Exception)
+                   and not (isinstance(r, ApiError) and r.status in (404, 409))]
+        manifests = list(plan.create)
+        if plan.ensure_services and job is not None:
+            await self.ensure_ray_token(job)
+            manifests = builders.build_services(job, self.runtime.config.build) + manifests
+        builders.adopt(manifests, owner=self.body)
+        results = await asyncio.gather(*(kube.create(m) for m in manifests), return_exceptions=True)
+        created: set[str] = set()
+        refused = None
+        for manifest, result in zip(manifests, results):
+            name = manifest["metadata"]["name"]
+            if isinstance(result, ApiError) and result.status == 409:
+                created.add(name)  # create-if-absent: it exists (a restarted operator, or a quick second pass)
+            elif isinstance(result, ApiError) and result.status == 422:
+                refused = f"{manifest['kind']} {name}: {result.message}"
+            elif isinstance(result, Exception):
+                errors.append(result)
+            elif manifest["kind"] == "Pod":
+                created.add(name)
+                self.runtime.metrics.pods_created.labels(manifest["metadata"]["labels"][names.COMPONENT_LABEL]).inc()
+        return created, refused, (errors[0] if errors else None)
+
+    async def ensure_ray_token(self, job: RLTrainingJob) -> None:
+        """Create the job's Ray token Secret if absent, before any pod that reads it. A fresh random token
+        each try; when the Secret exists (409) the one in it stays: the operator never reads it."""
+        secret = builders.build_ray_token_secret(job, secrets.token_hex(32))
+        builders.adopt([secret], owner=self.body)
+        try:
+            await self.runtime.kube.create(secret)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+
+
 class JobLoop:
     """The reconcile loop of one job."""
 
     def __init__(self, runtime: Runtime, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter):
-        self.rt, self.body, self.logger = runtime, body, logger
+        self.runtime, self.body, self.logger = runtime, body, logger
         self.name = body["metadata"]["name"]
         self.namespace = body["metadata"]["namespace"]
         self.uid = body["metadata"].get("uid")
         self.key = (self.namespace, self.name)
         self.status = self._initial_status(body.get("status"))
         # What the API holds, so an unchanged status is not written again.
-        self.written: dict[str, Any] | None = st_.dump(self.status) if body.get("status") else None
-        self.last_scrape = -math.inf
+        self.written: dict[str, Any] | None = job_status.dump(self.status) if body.get("status") else None
+        self.progress = ProgressReader(runtime, self.name, logger)
+        self.children = ChildWriter(runtime, body)
         self.failures = 0
         self.api_invalid: str | None = None
         #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
@@ -52,14 +167,14 @@ class JobLoop:
 
     def _initial_status(self, raw: Any) -> Any:
         try:
-            return st_.load(raw)
+            return job_status.load(raw)
         except ValueError as err:
             self.logger.warning(f"status is unreadable, starting from an empty one: {err}")
-            return st_.load(None)
+            return job_status.load(None)
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         poke = asyncio.Event()
-        self.rt.pokes[self.key] = poke
+        self.runtime.pokes[self.key] = poke
 
         async def wake_on_stop() -> None:
             await stopped.wait()
@@ -81,10 +196,10 @@ class JobLoop:
                     await asyncio.wait_for(poke.wait(), timeout=max(wait, 0.05))
         finally:
             stopper.cancel()
-            if self.rt.pokes.get(self.key) is poke:
-                del self.rt.pokes[self.key]
-            self.rt.seen_specs.pop(self.key, None)
-            self.rt.metrics.job_phase(self.uid or self.name, None)
+            if self.runtime.pokes.get(self.key) is poke:
+                del self.runtime.pokes[self.key]
+            self.runtime.seen_specs.pop(self.key, None)
+            self.runtime.metrics.job_phase(self.uid or self.name, None)
 
     async def reconcile_once(self) -> float:
         """One pass; returns seconds until the next one is due (0: right away)."""
@@ -94,164 +209,71 @@ class JobLoop:
             self.failures = 0
             return wait
         except ApiError as err:
-            self.rt.metrics.errors.labels("reconcile", f"http_{err.status}").inc()
+            self.runtime.metrics.errors.labels("reconcile", f"http_{err.status}").inc()
             self.logger.warning(f"Kubernetes API error, retrying: {err}")
         except (urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            self.rt.metrics.errors.labels("reconcile", type(err).__name__).inc()
+            self.runtime.metrics.errors.labels("reconcile", type(err).__name__).inc()
             self.logger.warning(f"cannot reach the Kubernetes API, retrying: {err}")
         except Exception as err:  # a bug must not stop the job's loop for good; it is logged and counted
-            self.rt.metrics.errors.labels("reconcile", type(err).__name__).inc()
+            self.runtime.metrics.errors.labels("reconcile", type(err).__name__).inc()
             self.logger.exception("reconcile failed, retrying")
         finally:
-            self.rt.metrics.reconcile_duration.labels("reconcile").observe(time.perf_counter() - started)
+            self.runtime.metrics.reconcile_duration.labels("reconcile").observe(time.perf_counter() - started)
         self.failures += 1
-        return min(self.rt.config.reconcile_interval, 0.2 * 2 ** min(self.failures, 10))
+        return min(self.runtime.config.reconcile_interval, 0.2 * 2 ** min(self.failures, 10))
 
     # -- one pass -----------------------------------------------------------------------------
 
     async def _reconcile(self) -> float:
         body = self.body
         if body["metadata"].get("deletionTimestamp"):
-            return self.rt.config.idle_interval  # kopf stops this loop; the children go with the job
+            return self.runtime.config.idle_interval  # kopf stops this loop; the children go with the job
         spec_json = json.dumps(body.get("spec"), sort_keys=True)
         job, problems = self._parse(body, spec_json)
         if self.api_invalid:
             problems = [*problems, Problem("spec", f"the API server refused a child of this job: {self.api_invalid}",
                                            has_value=False)]
-        raw_pods = await self.rt.kube.list_pods(self.namespace, names.label_selector(self.name))
+        raw_pods = await self.runtime.kube.list_pods(self.namespace, names.label_selector(self.name))
         pods = [PodView.from_pod(pod, self.uid) for pod in raw_pods
                 if (pod.get("metadata", {}).get("labels") or {}).get(names.JOB_NAME_LABEL) == self.name]
-        report = await self._scrape(job, pods)
+        report = await self.progress.read(job, pods)
         meta = JobMeta(self.name, self.namespace, self.uid, body["metadata"].get("generation"))
         plan = lifecycle.plan(meta=meta, job=job, problems=problems, status=self.status, pods=pods,
-                              now=st_.now(), options=self.rt.config.build, report=report, deleted=self.deleted)
+                              now=job_status.now(), options=self.runtime.config.build, report=report, deleted=self.deleted)
         before = Phase(self.status.phase)
         self.status = plan.status
-        created, error = await self._apply(plan, job)
+        created, refused, error = await self.children.apply(plan, job)
+        self.api_invalid = refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
         self.deleted -= created
         await self._write_status()
-        self._post_events(plan)
-        self._count(plan, before)
-        self.rt.seen_specs[self.key] = spec_json
+        post_events(self.body, plan, self.logger)
+        count(self.runtime, self.uid or self.name, plan, before)
+        self.runtime.seen_specs[self.key] = spec_json
         if plan.delete_job:
             self.logger.info("ttlSecondsAfterFinished has passed: deleting the job")
-            await self.rt.kube.delete_job(self.namespace, self.name, self.uid)
-            return self.rt.config.idle_interval
+            await self.runtime.kube.delete_job(self.namespace, self.name, self.uid)
+            return self.runtime.config.idle_interval
         if error is not None:
             raise error
         return self._next_wait(plan, job, pods)
 
     def _parse(self, body: kopf.Body, spec_json: str) -> tuple[RLTrainingJob | None, list[Problem]]:
-        """Validate like `kuberl validate` (schema, then semantics); cached until the spec changes."""
-        if self._parsed is not None and self._parsed[0] == spec_json:
-            return self._parsed[1], self._parsed[2]
-        self.api_invalid = None  # a refusal by the API server was about the previous spec
-        data = {
-            "apiVersion": body.get("apiVersion"),
-            "kind": body.get("kind"),
-            "metadata": {"name": self.name, "namespace": self.namespace,
-                         "labels": dict(body["metadata"].get("labels") or {})},
-            "spec": json.loads(spec_json),
-        }
-        job: RLTrainingJob | None
-        try:
-            # Registered ids against the table only; a module:... id is the learner pod's to check.
-            job, problems = parse_job(data, check=check_registered, source=self.name), []
-        except InvalidJob as err:
-            problems = list(err.problems)
-            try:
-                job = parse_job(data, source=self.name)
-            except InvalidJob:
-                job = None
-        except Exception as err:  # noqa: BLE001 - a spec that breaks the parser is the spec's problem
-            self.logger.exception("validating the spec failed")
-            job, problems = None, [Problem("spec", f"cannot validate the spec: {type(err).__name__}: {err}",
-                                           has_value=False)]
-        self._parsed = (spec_json, job, problems)
-        return job, problems
-
-    async def _scrape(self, job: RLTrainingJob | None, pods: list[PodView]) -> st_.LearnerReport | None:
-        if job is None or not job.spec.metrics.enabled:
-            return None
-        # A learner that finished left its final metrics as its termination message: the last word on
-        # progress and the evaluation, which a scrape may have missed in the moments before it exited.
-        ended = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned
-                      and pod.phase == "Succeeded" and pod.final_message), None)
-        if ended is not None:
-            with contextlib.suppress(ValueError):
-                return st_.parse_learner_metrics(ended.final_message, job_name=self.name)
-        if time.monotonic() - self.last_scrape < self.rt.config.progress_interval:
-            return None
-        learner = next((pod for pod in pods if pod.component == Component.LEARNER and pod.owned
-                        and not pod.terminating and pod.phase == "Running"), None)
-        if learner is None:
-            return None
-        url = self.rt.config.metrics_url()(job, learner)
-        if url is None:
-            return None
-        self.last_scrape = time.monotonic()
-        try:
-            return st_.parse_learner_metrics(await self.rt.get_text(url), job_name=self.name)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
-            self.rt.metrics.errors.labels("progress", type(err).__name__).inc()
-            self.logger.debug(f"cannot read the learner's progress from {url}: {err}")
-            return None
-
-    async def _apply(self, plan: Plan, job: RLTrainingJob | None) -> tuple[set[str], Exception | None]:
-        """Delete, then create-if-absent. Returns the pods that exist now among those it meant to create,
-        and the first unexpected API error (after doing the rest)."""
-        errors: list[Exception] = []
-        deletions = await asyncio.gather(*(self.rt.kube.delete_pod(self.namespace, pod.name, pod.uid)
-                                           for pod in plan.delete), return_exceptions=True)
-        for pod, result in zip(plan.delete, deletions):
-            if isinstance(result, ApiError) and result.status in (404, 409):
-                continue  # already gone, or replaced by a pod with another uid
-            if isinstance(result, Exception):
-                errors.append(result)
-        manifests = list(plan.create)
-        if plan.ensure_services and job is not None:
-            manifests = builders.build_services(job, self.rt.config.build) + manifests
-        builders.adopt(manifests, owner=self.body)
-        results = await asyncio.gather(*(self.rt.kube.create(m) for m in manifests), return_exceptions=True)
-        created: set[str] = set()
-        for manifest, result in zip(manifests, results):
-            if isinstance(result, ApiError) and result.status == 409:
-                created.add(manifest["metadata"]["name"])
-                continue  # create-if-absent: it exists (a restarted operator, or a quick second pass)
-            if isinstance(result, ApiError) and result.status == 422:
-                self.api_invalid = f"{manifest['kind']} {manifest['metadata']['name']}: {result.message}"
-                continue
-            if isinstance(result, Exception):
-                errors.append(result)
-            elif manifest["kind"] == "Pod":
-                created.add(manifest["metadata"]["name"])
-                self.rt.metrics.pods_created.labels(manifest["metadata"]["labels"][names.COMPONENT_LABEL]).inc()
-        return created, (errors[0] if errors else None)
+        """Validate like `kuberl validate` (`validate_spec`); cached until the spec changes."""
+        if self._parsed is None or self._parsed[0] != spec_json:
+            self.api_invalid = None  # a refusal by the API server was about the previous spec
+            self._parsed = (spec_json, *validate_spec(body, spec_json, self.logger))
+        return self._parsed[1], self._parsed[2]
 
     async def _write_status(self) -> None:
-        new = st_.dump(self.status)
+        new = job_status.dump(self.status)
         if new == self.written:
             return
-        await self.rt.kube.patch_job_status(self.namespace, self.name, new)
+        await self.runtime.kube.patch_job_status(self.namespace, self.name, new)
         self.written = new
 
-    def _post_events(self, plan: Plan) -> None:
-        for event in plan.events:
-            kopf.event(self.body, type=event.type, reason=event.reason, message=event.message[:1000])
-            log = self.logger.warning if event.type == "Warning" else self.logger.info
-            log(f"{event.reason}: {event.message}")
-
-    def _count(self, plan: Plan, before: Phase) -> None:
-        phase = Phase(plan.status.phase)
-        if phase != before:
-            self.rt.metrics.transitions.labels(phase.value).inc()
-        self.rt.metrics.job_phase(self.uid or self.name, phase.value)
-        for component in plan.restarts:
-            self.rt.metrics.pod_restarts.labels(component.value).inc()
-
     def _next_wait(self, plan: Plan, job: RLTrainingJob | None, pods: list[PodView]) -> float:
-        config = self.rt.config
+        config = self.runtime.config
         phase = Phase(plan.status.phase)
         if plan.delete or (self.api_invalid and not phase.terminal):
             return 0.0  # room was made (or a refusal must be reported): act on it now
@@ -259,12 +281,29 @@ class JobLoop:
             wait = config.reconcile_interval
             learner_running = any(pod.component == Component.LEARNER and pod.phase == "Running" for pod in pods)
             if job is not None and job.spec.metrics.enabled and learner_running:
-                wait = min(wait, max(0.0, self.last_scrape + config.progress_interval - time.monotonic()))
+                wait = min(wait, self.progress.due_in())
         else:
             wait = config.idle_interval
         if plan.wake_in is not None:
             wait = min(wait, plan.wake_in + 0.05)
         return wait
+
+
+def post_events(body: kopf.Body, plan: Plan, logger: logging.Logger | logging.LoggerAdapter) -> None:
+    for event in plan.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+        log = logger.warning if event.type == "Warning" else logger.info
+        log(f"{event.reason}: {event.message}")
+
+
+def count(runtime: Runtime, job_key: str, plan: Plan, before: Phase) -> None:
+    """The operator's own metrics for one pass: transitions, the job's phase, pod restarts."""
+    phase = Phase(plan.status.phase)
+    if phase != before:
+        runtime.metrics.transitions.labels(phase.value).inc()
+    runtime.metrics.job_phase(job_key, phase.value)
+    for component in plan.restarts:
+        runtime.metrics.pod_restarts.labels(component.value).inc()
 
 
 # --------------------------------------------------------------------------------------------

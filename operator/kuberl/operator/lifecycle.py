@@ -19,6 +19,7 @@ The rules, in order:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 from kuberl.api.job import Phase, RLTrainingJob, RLTrainingJobStatus
 from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, Problem, is_report
 from kuberl.operator import builders, names
-from kuberl.operator import status as st_
+from kuberl.operator import status as job_status
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.names import Component
 
@@ -186,40 +187,40 @@ def buildable(job: RLTrainingJob, options: BuildOptions) -> list[Problem]:
 
 def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | None,
          status: RLTrainingJobStatus, pods: list[PodView], now: datetime,
-         options: BuildOptions, report: st_.LearnerReport | None = None,
+         options: BuildOptions, report: job_status.LearnerReport | None = None,
          deleted: frozenset[str] | set[str] = frozenset()) -> Plan:
     """Decide one reconcile pass. `job` is None only when even the schema fails (`problems` says why).
 
     `deleted`: pods the operator itself deleted and has not recreated yet; their absence is planned,
     not a loss to count.
     """
-    st = status.model_copy(deep=True)
-    p = Plan(status=st)
-    before = Phase(st.phase)
+    new_status = status.model_copy(deep=True)
+    decided = Plan(status=new_status)
+    before = Phase(new_status.phase)
     # A restarted learner serves /metrics while it still starts Ray and restores its checkpoint: until
     # its first iteration its counters read 0, and writing them would send the job's progress backwards.
-    if report is not None and report.progress.iterations == 0 and st.progress.iterations > 0:
+    if report is not None and report.progress.iterations == 0 and new_status.progress.iterations > 0:
         report = None
     if report is not None:
-        st.progress = report.progress
+        new_status.progress = report.progress
         if report.last_checkpoint_time is not None:
-            st.last_checkpoint_time = report.last_checkpoint_time
+            new_status.last_checkpoint_time = report.last_checkpoint_time
         if report.last_checkpoint is not None:
-            st.last_checkpoint = report.last_checkpoint
+            new_status.last_checkpoint = report.last_checkpoint
         if report.evaluation is not None:
-            st.evaluation = report.evaluation
-    _Pass(p, meta, job, problems or [], pods, now, options, before, frozenset(deleted)).run()
-    _finish(p, meta, before, now, job)
-    return p
+            new_status.evaluation = report.evaluation
+    _Pass(decided, meta, job, problems or [], pods, now, options, before, frozenset(deleted)).run()
+    _finish(decided, meta, before, now, job)
+    return decided
 
 
 class _Pass:
     """One pass of the decision, split in steps that each may end it (`self.done`)."""
 
-    def __init__(self, p: Plan, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem],
+    def __init__(self, plan: Plan, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem],
                  pods: list[PodView], now: datetime, options: BuildOptions, before: Phase,
                  deleted: frozenset[str]):
-        self.p, self.st, self.meta, self.job, self.problems = p, p.status, meta, job, problems
+        self.plan, self.status, self.meta, self.job, self.problems = plan, plan.status, meta, job, problems
         self.deleted = deleted
         self.now, self.options, self.before = now, options, before
         self.owned = [pod for pod in pods if pod.owned]
@@ -230,12 +231,12 @@ class _Pass:
 
     @property
     def phase(self) -> Phase:
-        return Phase(self.st.phase)
+        return Phase(self.status.phase)
 
     def run(self) -> None:
-        for step in (self.validate, self.finished, self.learner_succeeded, self.suspend, self.deadline,
-                     self.check_head, self.check_learner, self.follow_workers, self.observe):
-            step()
+        """The steps in order; each may end the pass (`done`)."""
+        for step in STEPS:
+            step(self)
             if self.done:
                 return
 
@@ -243,30 +244,30 @@ class _Pass:
 
     def delete(self, pods: list[PodView]) -> None:
         for pod in pods:
-            if pod not in self.p.delete:
-                self.p.delete.append(pod)
+            if pod not in self.plan.delete:
+                self.plan.delete.append(pod)
                 self.blocked.add(pod.name)
 
     def fail(self, reason: str, message: str, *, keep_ended_learner: bool = True) -> None:
-        self.st.phase = Phase.FAILED
-        self.st.reason, self.st.message = reason, message
-        self.st.completion_time = self.now
+        self.status.phase = Phase.FAILED
+        self.status.reason, self.status.message = reason, message
+        self.status.completion_time = self.now
         keep = [pod for pod in self.live if keep_ended_learner and pod.component == Component.LEARNER and pod.ended]
         self.delete([pod for pod in self.live if pod not in keep])
         self.set_workers(0)
         self.done = True
 
     def set_workers(self, ready: int) -> None:
-        desired = self.job.spec.rollout_workers.replicas if self.job else self.st.workers_desired
-        self.st.workers_ready, self.st.workers_desired = ready, desired
-        self.st.workers = st_.workers_column(ready, desired)
+        desired = self.job.spec.rollout_workers.replicas if self.job else self.status.workers_desired
+        self.status.workers_ready, self.status.workers_desired = ready, desired
+        self.status.workers = job_status.workers_column(ready, desired)
 
     def degraded(self, reason: str, message: str) -> None:
-        st_.set_condition(self.st, st_.DEGRADED, True, reason, message, at=self.now,
+        job_status.set_condition(self.status, job_status.DEGRADED, True, reason, message, at=self.now,
                           generation=self.meta.generation)
 
     def restarts_used(self) -> int:
-        return self.st.learner_restarts + self.st.head_restarts
+        return self.status.learner_restarts + self.status.head_restarts
 
     def checkpoint_note(self) -> str:
         assert self.job is not None
@@ -276,248 +277,265 @@ class _Pass:
         return ("checkpoints were on an emptyDir, which died with the learner pod: training starts over "
                 "(set spec.checkpointing.volume.claimName to resume instead)")
 
-    # -- steps ----------------------------------------------------------------------------
 
-    def validate(self) -> None:
-        if self.job is not None and not self.problems:
-            self.problems = buildable(self.job, self.options)
-        if self.phase == Phase.FAILED and self.st.reason == INVALID_SPEC:
-            if self.problems or self.st.observed_generation == self.meta.generation:
-                if self.problems:
-                    self.st.message = _problems_text(self.problems)
-                # A learner that refused the spec stays for its log; nothing else runs.
-                self.delete([pod for pod in self.live if not (pod.component == Component.LEARNER and pod.ended)])
-                self.done = True
-                self.expire()
-                return
-            # The spec was edited and now validates: start over, once the old attempt's pods are gone.
-            self.st.phase, self.st.reason, self.st.message = Phase.PENDING, None, None
-            self.st.completion_time = None
-            if self.live:
-                self.delete(self.live)
-                self.done = True
-                return
-        if self.problems and not self.phase.terminal:
-            self.fail(INVALID_SPEC, _problems_text(self.problems), keep_ended_learner=False)
-            self.expire()
+# -- the steps of a pass, in order ------------------------------------------------------------------------
 
-    def finished(self) -> None:
-        if not self.phase.terminal:
+
+def _validate(ps: _Pass) -> None:
+    if ps.job is not None and not ps.problems:
+        ps.problems = buildable(ps.job, ps.options)
+    if ps.phase == Phase.FAILED and ps.status.reason == INVALID_SPEC:
+        if ps.problems or ps.status.observed_generation == ps.meta.generation:
+            if ps.problems:
+                ps.status.message = _problems_text(ps.problems)
+            # A learner that refused the spec stays for its log; nothing else runs.
+            ps.delete([pod for pod in ps.live if not (pod.component == Component.LEARNER and pod.ended)])
+            ps.done = True
+            _expire(ps)
             return
-        self.done = True
-        if self.phase == Phase.SUCCEEDED and self.job is not None and self.job.spec.serving is not None:
-            # Create-if-absent every pass: a deleted serving Deployment or Service comes back.
-            self.p.create.extend(builders.build_serving(self.job, self.options))
-            self.st.serving_endpoint = builders.serving_endpoint(self.job)
-        keep_learner = self.st.reason != DEADLINE_EXCEEDED
-        self.delete([pod for pod in self.live
-                     if not (keep_learner and pod.component == Component.LEARNER and pod.ended)])
-        self.expire()
-
-    def expire(self) -> None:
-        """ttlSecondsAfterFinished: delete the finished job when due, else wake up then."""
-        ttl = self.job.spec.ttl_seconds_after_finished if self.job else None
-        if ttl is not None and self.st.completion_time is not None:
-            expires = self.st.completion_time + timedelta(seconds=ttl)
-            if self.now >= expires:
-                self.p.delete_job = True
-            else:
-                self.p.wake(expires, self.now)
-
-    def suspend(self) -> None:
-        assert self.job is not None
-        if self.job.spec.suspend:
-            # The learner first: on SIGTERM it checkpoints its last iteration, which needs its Ray
-            # cluster up. Head and workers go once the learner pod is gone (seen on the bed: all
-            # deleted at once, the learner hung on its vanished head and lost an interval).
-            learner = [pod for pod in self.owned if pod.component == Component.LEARNER and not pod.ended]
-            if learner:
-                self.delete([pod for pod in learner if not pod.terminating])
-            else:
-                self.delete(self.live)
-            self.st.phase = Phase.SUSPENDED
-            self.set_workers(0)
-            self.done = True
-        elif self.phase == Phase.SUSPENDED:
-            # Resume. Like a batch Job, the activeDeadlineSeconds clock restarts.
-            self.st.phase = Phase.STARTING
-            self.st.start_time = self.now
-            self.p.events.append(Event("Normal", "Resumed", "suspend is false: recreating the job's pods; "
-                                       + self.checkpoint_note()))
-
-    def deadline(self) -> None:
-        assert self.job is not None
-        limit = self.job.spec.active_deadline_seconds
-        if limit is None or self.st.start_time is None:
+        # The spec was edited and now validates: start over, once the old attempt's pods are gone.
+        ps.status.phase, ps.status.reason, ps.status.message = Phase.PENDING, None, None
+        ps.status.completion_time = None
+        if ps.live:
+            ps.delete(ps.live)
+            ps.done = True
             return
-        due = self.st.start_time + timedelta(seconds=limit)
-        if self.now >= due:
-            self.fail(DEADLINE_EXCEEDED, f"the job was active longer than activeDeadlineSeconds ({limit} s)",
-                      keep_ended_learner=False)
+    if ps.problems and not ps.phase.terminal:
+        ps.fail(INVALID_SPEC, _problems_text(ps.problems), keep_ended_learner=False)
+        _expire(ps)
+
+
+def _finished(ps: _Pass) -> None:
+    if not ps.phase.terminal:
+        return
+    ps.done = True
+    if ps.phase == Phase.SUCCEEDED and ps.job is not None and ps.job.spec.serving is not None:
+        # Create-if-absent every pass: a deleted serving Deployment or Service comes back.
+        ps.plan.create.extend(builders.build_serving(ps.job, ps.options))
+        ps.status.serving_endpoint = builders.serving_endpoint(ps.job)
+    keep_learner = ps.status.reason != DEADLINE_EXCEEDED
+    ps.delete([pod for pod in ps.live
+                 if not (keep_learner and pod.component == Component.LEARNER and pod.ended)])
+    _expire(ps)
+
+
+def _expire(ps: _Pass) -> None:
+    """ttlSecondsAfterFinished: delete the finished job when due, else wake up then."""
+    ttl = ps.job.spec.ttl_seconds_after_finished if ps.job else None
+    if ttl is not None and ps.status.completion_time is not None:
+        expires = ps.status.completion_time + timedelta(seconds=ttl)
+        if ps.now >= expires:
+            ps.plan.delete_job = True
         else:
-            self.p.wake(due, self.now)
+            ps.plan.wake(expires, ps.now)
 
-    def _current(self) -> None:
-        """Split live pods by component; pods of an older Ray epoch are deleted (planned, not counted)."""
-        epoch = self.st.head_restarts
-        stale = [pod for pod in self.live if pod.epoch is not None and pod.epoch != epoch]
-        self.delete(stale)
-        current = [pod for pod in self.live if pod not in stale]
-        self.head_pod = next((pod for pod in current if pod.component == Component.HEAD), None)
-        self.learner_pod = next((pod for pod in current if pod.component == Component.LEARNER), None)
-        self.worker_pods = {pod.index: pod for pod in current
-                            if pod.component == Component.ROLLOUT_WORKER and pod.index is not None}
 
-    def learner_succeeded(self) -> None:
-        self._current()
-        if self.learner_pod is not None and self.learner_pod.phase == "Succeeded":
-            self.st.phase = Phase.SUCCEEDED
-            self.st.reason = self.st.message = None
-            self.st.completion_time = self.now
-            self.delete([pod for pod in self.live if pod is not self.learner_pod])
-            self.set_workers(0)
-            self.done = True
-            self.finished()
+def _suspend(ps: _Pass) -> None:
+    assert ps.job is not None
+    if ps.job.spec.suspend:
+        # The learner first: on SIGTERM it checkpoints its last iteration, which needs its Ray
+        # cluster up. Head and workers go once the learner pod is gone (seen on the bed: all
+        # deleted at once, the learner hung on its vanished head and lost an interval).
+        learner = [pod for pod in ps.owned if pod.component == Component.LEARNER and not pod.ended]
+        if learner:
+            ps.delete([pod for pod in learner if not pod.terminating])
+        else:
+            ps.delete(ps.live)
+        ps.status.phase = Phase.SUSPENDED
+        ps.set_workers(0)
+        ps.done = True
+    elif ps.phase == Phase.SUSPENDED:
+        # Resume. Like a batch Job, the activeDeadlineSeconds clock restarts.
+        ps.status.phase = Phase.STARTING
+        ps.status.start_time = ps.now
+        ps.plan.events.append(Event("Normal", "Resumed", "suspend is false: recreating the job's pods; "
+                                   + ps.checkpoint_note()))
 
-    def check_head(self) -> None:
-        assert self.job is not None
-        head = self.head_pod
-        failed = head is not None and head.ended
-        vanished = head is None and self.before == Phase.RUNNING and names.head_pod(self.meta.name) not in self.deleted
-        if not (failed or vanished):
-            return
-        why = (head.why or f"pod phase {head.phase}") if failed and head else "the head pod disappeared"
-        limit = self.job.spec.backoff_limit
-        if self.restarts_used() >= limit:
-            self.fail(BACKOFF_LIMIT_EXCEEDED,
-                      f"the Ray head failed ({why}) and backoffLimit ({limit}) restarts are used up "
-                      f"(learner restarts {self.st.learner_restarts}, head restarts {self.st.head_restarts})")
-            return
-        self.st.head_restarts += 1
-        # The Ray cluster is gone: every pod joined to it goes, and all come back in the new epoch.
-        self.delete([pod for pod in self.live if pod.component is not None])
-        self.st.phase = Phase.STARTING
-        message = (f"the Ray head failed ({why}); restart {self.restarts_used()} of {limit}: a new head starts, "
-                   f"rollout workers rejoin, the learner restarts, {self.checkpoint_note()}")
-        self.degraded("HeadRestarted", message)
-        self.p.events.append(Event("Warning", "HeadRestarted", message))
-        self.p.restarts.append(Component.HEAD)
-        self.set_workers(0)
-        self.done = True
 
-    def check_learner(self) -> None:
-        assert self.job is not None
-        learner = self.learner_pod
-        failed = learner is not None and learner.phase == "Failed"
-        name = learner_name(self.meta)
-        vanished = (learner is None and self.before == Phase.RUNNING and name not in self.blocked
-                    and name not in self.deleted)
-        if not (failed or vanished):
-            return
-        if failed and learner is not None and learner.invalid_spec is not None:
-            # The learner checked what the operator cannot (a module:Class env, the env's kwargs): a
-            # restart would refuse the same spec again.
-            self.fail(INVALID_SPEC, learner.invalid_spec)
-            return
-        why = (learner.why or "pod phase Failed") if failed and learner else "the learner pod disappeared"
-        limit = self.job.spec.backoff_limit
-        if self.restarts_used() >= limit:
-            self.fail(BACKOFF_LIMIT_EXCEEDED,
-                      f"the learner failed ({why}) and backoffLimit ({limit}) restarts are used up "
-                      f"(learner restarts {self.st.learner_restarts}, head restarts {self.st.head_restarts})")
-            return
-        self.st.learner_restarts += 1
-        if learner is not None:
-            self.delete([learner])
-            self.learner_pod = None
-        self.st.phase = Phase.STARTING
-        message = f"the learner failed ({why}); restart {self.restarts_used()} of {limit}, {self.checkpoint_note()}"
-        self.degraded("LearnerRestarted", message)
-        self.p.events.append(Event("Warning", "LearnerRestarted", message))
-        self.p.restarts.append(Component.LEARNER)
+def _deadline(ps: _Pass) -> None:
+    assert ps.job is not None
+    limit = ps.job.spec.active_deadline_seconds
+    if limit is None or ps.status.start_time is None:
+        return
+    due = ps.status.start_time + timedelta(seconds=limit)
+    if ps.now >= due:
+        ps.fail(DEADLINE_EXCEEDED, f"the job was active longer than activeDeadlineSeconds ({limit} s)",
+                  keep_ended_learner=False)
+    else:
+        ps.plan.wake(due, ps.now)
 
-    def follow_workers(self) -> None:
-        assert self.job is not None
-        desired = self.job.spec.rollout_workers.replicas
-        previous = self.st.workers_desired
-        removed = sorted(i for i in self.worker_pods if i >= desired)
-        self.delete([self.worker_pods.pop(i) for i in removed])
-        if desired < previous or removed:
-            self.p.events.append(Event("Normal", "ScaledDown", f"rollout workers {previous} -> {desired}"
-                                       + (f": deleting {', '.join(names.worker_pod(self.meta.name, i) for i in removed)}"
-                                          if removed else "")))
-        elif 0 < previous < desired:
-            self.p.events.append(Event("Normal", "ScaledUp", f"rollout workers {previous} -> {desired}: adding "
-                                       + ", ".join(names.worker_pod(self.meta.name, i) for i in range(previous, desired))))
-        replaced = []
-        for index in range(desired):
-            pod = self.worker_pods.get(index)
-            name = names.worker_pod(self.meta.name, index)
-            if pod is not None and pod.ended:
-                replaced.append(f"{name} ended ({pod.why or 'pod phase ' + pod.phase})")
-                self.delete([self.worker_pods.pop(index)])
-            elif (pod is None and name not in self.blocked and name not in self.deleted
-                  and self.before == Phase.RUNNING and index < previous):
-                replaced.append(f"{name} disappeared")
-        if replaced:
-            message = "; ".join(replaced) + ": replacing, training goes on with the others"
-            self.degraded("WorkerReplaced", message)
-            self.p.events.append(Event("Warning", "WorkerReplaced", message))
-            self.p.restarts.extend([Component.ROLLOUT_WORKER] * len(replaced))
-        self.create_missing(desired)
 
-    def create_missing(self, desired: int) -> None:
-        assert self.job is not None
-        epoch = self.st.head_restarts
-        wanted: list[tuple[str, Any]] = []
-        if self.head_pod is None:
-            wanted.append((names.head_pod(self.meta.name), lambda: builders.build_head_pod(self.job, self.options, epoch=epoch)))
-        if self.learner_pod is None:
-            wanted.append((learner_name(self.meta),
-                           lambda: builders.build_learner_pod(self.job, self.options, epoch=epoch)))
-        for index in range(desired):
-            if index not in self.worker_pods:
-                wanted.append((names.worker_pod(self.meta.name, index),
-                               lambda i=index: builders.build_worker_pod(self.job, self.options, i, epoch=epoch)))
-        for name, build in wanted:
-            if name not in self.blocked:
-                self.p.create.append(build())
-        if self.p.create:
-            self.p.ensure_services = True
-            if self.phase == Phase.PENDING:
-                self.st.phase = Phase.STARTING
-            if self.st.start_time is None:
-                self.st.start_time = self.now
+def _current(ps: _Pass) -> None:
+    """Split live pods by component; pods of an older Ray epoch are deleted (planned, not counted)."""
+    epoch = ps.status.head_restarts
+    stale = [pod for pod in ps.live if pod.epoch is not None and pod.epoch != epoch]
+    ps.delete(stale)
+    current = [pod for pod in ps.live if pod not in stale]
+    ps.head_pod = next((pod for pod in current if pod.component == Component.HEAD), None)
+    ps.learner_pod = next((pod for pod in current if pod.component == Component.LEARNER), None)
+    ps.worker_pods = {pod.index: pod for pod in current
+                        if pod.component == Component.ROLLOUT_WORKER and pod.index is not None}
 
-    def observe(self) -> None:
-        """Phase and worker counts from what is running now (pods created this pass are not yet)."""
-        assert self.job is not None
-        desired = self.job.spec.rollout_workers.replicas
-        deleting = {pod.name for pod in self.p.delete}
-        ready = sum(1 for i, pod in self.worker_pods.items() if i < desired and pod.ready and pod.name not in deleting)
-        self.set_workers(ready)
-        head = self.head_pod
-        head_up = head is not None and head.phase == "Running" and head.name not in deleting
-        learner_up = (self.learner_pod is not None and self.learner_pod.phase == "Running"
-                      and self.learner_pod.name not in deleting)
-        all_up = head_up and learner_up and head.ready and self.learner_pod.ready and ready == desired
-        if self.phase in (Phase.PENDING, Phase.STARTING) and all_up:
-            self.st.phase = Phase.RUNNING
-        replaced_now = any(e.reason in ("WorkerReplaced", "LearnerRestarted") for e in self.p.events)
-        if self.phase == Phase.RUNNING and not replaced_now:
-            if not head_up:
-                self.degraded("HeadNotRunning", f"the Ray head pod is {head.phase if head else 'missing'}")
-            elif not learner_up:
-                self.degraded("LearnerNotRunning",
-                              f"the learner pod is {self.learner_pod.phase if self.learner_pod else 'missing'}")
-            elif ready < desired:
-                # A loss reported earlier (WorkerReplaced, ...) stays the reason until all are back.
-                if not st_.is_true(self.st, st_.DEGRADED):
-                    self.degraded("WorkersNotReady", f"{ready}/{desired} rollout workers ready")
-            else:
-                st_.set_condition(self.st, st_.DEGRADED, False, "AllReady",
-                                  f"the Ray head, the learner and {desired}/{desired} rollout workers are ready",
-                                  at=self.now, generation=self.meta.generation)
+
+def _learner_succeeded(ps: _Pass) -> None:
+    _current(ps)
+    if ps.learner_pod is not None and ps.learner_pod.phase == "Succeeded":
+        ps.status.phase = Phase.SUCCEEDED
+        ps.status.reason = ps.status.message = None
+        ps.status.completion_time = ps.now
+        ps.delete([pod for pod in ps.live if pod is not ps.learner_pod])
+        ps.set_workers(0)
+        ps.done = True
+        _finished(ps)
+
+
+def _check_head(ps: _Pass) -> None:
+    assert ps.job is not None
+    head = ps.head_pod
+    failed = head is not None and head.ended
+    vanished = head is None and ps.before == Phase.RUNNING and names.head_pod(ps.meta.name) not in ps.deleted
+    if not (failed or vanished):
+        return
+    why = (head.why or f"pod phase {head.phase}") if failed and head else "the head pod disappeared"
+    limit = ps.job.spec.backoff_limit
+    if ps.restarts_used() >= limit:
+        ps.fail(BACKOFF_LIMIT_EXCEEDED,
+                  f"the Ray head failed ({why}) and backoffLimit ({limit}) restarts are used up "
+                  f"(learner restarts {ps.status.learner_restarts}, head restarts {ps.status.head_restarts})")
+        return
+    ps.status.head_restarts += 1
+    # The Ray cluster is gone: every pod joined to it goes, and all come back in the new epoch.
+    ps.delete([pod for pod in ps.live if pod.component is not None])
+    ps.status.phase = Phase.STARTING
+    message = (f"the Ray head failed ({why}); restart {ps.restarts_used()} of {limit}: a new head starts, "
+               f"rollout workers rejoin, the learner restarts, {ps.checkpoint_note()}")
+    ps.degraded("HeadRestarted", message)
+    ps.plan.events.append(Event("Warning", "HeadRestarted", message))
+    ps.plan.restarts.append(Component.HEAD)
+    ps.set_workers(0)
+    ps.done = True
+
+
+def _check_learner(ps: _Pass) -> None:
+    assert ps.job is not None
+    learner = ps.learner_pod
+    failed = learner is not None and learner.phase == "Failed"
+    name = learner_name(ps.meta)
+    vanished = (learner is None and ps.before == Phase.RUNNING and name not in ps.blocked
+                and name not in ps.deleted)
+    if not (failed or vanished):
+        return
+    if failed and learner is not None and learner.invalid_spec is not None:
+        # The learner checked what the operator cannot (a module:Class env, the env's kwargs): a
+        # restart would refuse the same spec again.
+        ps.fail(INVALID_SPEC, learner.invalid_spec)
+        return
+    why = (learner.why or "pod phase Failed") if failed and learner else "the learner pod disappeared"
+    limit = ps.job.spec.backoff_limit
+    if ps.restarts_used() >= limit:
+        ps.fail(BACKOFF_LIMIT_EXCEEDED,
+                  f"the learner failed ({why}) and backoffLimit ({limit}) restarts are used up "
+                  f"(learner restarts {ps.status.learner_restarts}, head restarts {ps.status.head_restarts})")
+        return
+    ps.status.learner_restarts += 1
+    if learner is not None:
+        ps.delete([learner])
+        ps.learner_pod = None
+    ps.status.phase = Phase.STARTING
+    message = f"the learner failed ({why}); restart {ps.restarts_used()} of {limit}, {ps.checkpoint_note()}"
+    ps.degraded("LearnerRestarted", message)
+    ps.plan.events.append(Event("Warning", "LearnerRestarted", message))
+    ps.plan.restarts.append(Component.LEARNER)
+
+
+def _follow_workers(ps: _Pass) -> None:
+    assert ps.job is not None
+    desired = ps.job.spec.rollout_workers.replicas
+    previous = ps.status.workers_desired
+    removed = sorted(i for i in ps.worker_pods if i >= desired)
+    ps.delete([ps.worker_pods.pop(i) for i in removed])
+    if desired < previous or removed:
+        ps.plan.events.append(Event("Normal", "ScaledDown", f"rollout workers {previous} -> {desired}"
+                                   + (f": deleting {', '.join(names.worker_pod(ps.meta.name, i) for i in removed)}"
+                                      if removed else "")))
+    elif 0 < previous < desired:
+        ps.plan.events.append(Event("Normal", "ScaledUp", f"rollout workers {previous} -> {desired}: adding "
+                                   + ", ".join(names.worker_pod(ps.meta.name, i) for i in range(previous, desired))))
+    replaced = []
+    for index in range(desired):
+        pod = ps.worker_pods.get(index)
+        name = names.worker_pod(ps.meta.name, index)
+        if pod is not None and pod.ended:
+            replaced.append(f"{name} ended ({pod.why or 'pod phase ' + pod.phase})")
+            ps.delete([ps.worker_pods.pop(index)])
+        elif (pod is None and name not in ps.blocked and name not in ps.deleted
+              and ps.before == Phase.RUNNING and index < previous):
+            replaced.append(f"{name} disappeared")
+    if replaced:
+        message = "; ".join(replaced) + ": replacing, training goes on with the others"
+        ps.degraded("WorkerReplaced", message)
+        ps.plan.events.append(Event("Warning", "WorkerReplaced", message))
+        ps.plan.restarts.extend([Component.ROLLOUT_WORKER] * len(replaced))
+    _create_missing(ps, desired)
+
+
+def _create_missing(ps: _Pass, desired: int) -> None:
+    assert ps.job is not None
+    epoch = ps.status.head_restarts
+    wanted: list[tuple[str, Any]] = []
+    if ps.head_pod is None:
+        wanted.append((names.head_pod(ps.meta.name), lambda: builders.build_head_pod(ps.job, ps.options, epoch=epoch)))
+    if ps.learner_pod is None:
+        wanted.append((learner_name(ps.meta),
+                       lambda: builders.build_learner_pod(ps.job, ps.options, epoch=epoch)))
+    for index in range(desired):
+        if index not in ps.worker_pods:
+            wanted.append((names.worker_pod(ps.meta.name, index),
+                           lambda i=index: builders.build_worker_pod(ps.job, ps.options, i, epoch=epoch)))
+    for name, build in wanted:
+        if name not in ps.blocked:
+            ps.plan.create.append(build())
+    if ps.plan.create:
+        ps.plan.ensure_services = True
+        if ps.phase == Phase.PENDING:
+            ps.status.phase = Phase.STARTING
+        if ps.status.start_time is None:
+            ps.status.start_time = ps.now
+
+
+def _observe(ps: _Pass) -> None:
+    """Phase and worker counts from what is running now (pods created this pass are not yet)."""
+    assert ps.job is not None
+    desired = ps.job.spec.rollout_workers.replicas
+    deleting = {pod.name for pod in ps.plan.delete}
+    ready = sum(1 for i, pod in ps.worker_pods.items() if i < desired and pod.ready and pod.name not in deleting)
+    ps.set_workers(ready)
+    head = ps.head_pod
+    head_up = head is not None and head.phase == "Running" and head.name not in deleting
+    learner_up = (ps.learner_pod is not None and ps.learner_pod.phase == "Running"
+                  and ps.learner_pod.name not in deleting)
+    all_up = head_up and learner_up and head.ready and ps.learner_pod.ready and ready == desired
+    if ps.phase in (Phase.PENDING, Phase.STARTING) and all_up:
+        ps.status.phase = Phase.RUNNING
+    replaced_now = any(e.reason in ("WorkerReplaced", "LearnerRestarted") for e in ps.plan.events)
+    if ps.phase == Phase.RUNNING and not replaced_now:
+        if not head_up:
+            ps.degraded("HeadNotRunning", f"the Ray head pod is {head.phase if head else 'missing'}")
+        elif not learner_up:
+            ps.degraded("LearnerNotRunning",
+                          f"the learner pod is {ps.learner_pod.phase if ps.learner_pod else 'missing'}")
+        elif ready < desired:
+            # A loss reported earlier (WorkerReplaced, ...) stays the reason until all are back.
+            if not job_status.is_true(ps.status, job_status.DEGRADED):
+                ps.degraded("WorkersNotReady", f"{ready}/{desired} rollout workers ready")
+        else:
+            job_status.set_condition(ps.status, job_status.DEGRADED, False, "AllReady",
+                              f"the Ray head, the learner and {desired}/{desired} rollout workers are ready",
+                              at=ps.now, generation=ps.meta.generation)
+
+
+STEPS: tuple[Callable[[_Pass], None], ...] = (_validate, _finished, _learner_succeeded, _suspend, _deadline,
+                                              _check_head, _check_learner, _follow_workers, _observe)
 
 
 def learner_name(meta: JobMeta) -> str:
@@ -537,49 +555,49 @@ _TRANSITION_EVENTS: dict[Phase, tuple[str, str]] = {
 }
 
 
-def _finish(p: Plan, meta: JobMeta, before: Phase, now: datetime, job: RLTrainingJob | None) -> None:
+def _finish(decided: Plan, meta: JobMeta, before: Phase, now: datetime, job: RLTrainingJob | None) -> None:
     """Conditions from the phase, observedGeneration, and an Event for a phase transition."""
-    st = p.status
-    phase = Phase(st.phase)
+    status = decided.status
+    phase = Phase(status.phase)
     gen = meta.generation
-    st.observed_generation = gen
-    d = st.workers_desired
+    status.observed_generation = gen
+    d = status.workers_desired
     if phase == Phase.FAILED:
-        st.workers_ready, st.workers = 0, st_.workers_column(0, d)
+        status.workers_ready, status.workers = 0, job_status.workers_column(0, d)
 
     message_for = {
         Phase.PENDING: "waiting for the operator to create the job's pods",
         Phase.STARTING: f"waiting for the Ray head, the learner and {d} rollout workers to be ready",
         Phase.RUNNING: "the learner is training",
-        Phase.SUCCEEDED: _summary(st),
+        Phase.SUCCEEDED: _summary(status),
         Phase.SUSPENDED: "spec.suspend is true: the job's pods are deleted; set it to false to resume"
         + ("" if job is None or job.spec.checkpointing.volume.claim_name else
            " (checkpoints were on an emptyDir and are gone: training starts over)"),
-        Phase.FAILED: st.message or "",
+        Phase.FAILED: status.message or "",
     }
-    running_reason = {Phase.RUNNING: "Training", Phase.SUCCEEDED: "Completed", Phase.FAILED: st.reason or "Failed"}
-    st_.set_condition(st, st_.RUNNING, phase == Phase.RUNNING, running_reason.get(phase, phase.value),
+    running_reason = {Phase.RUNNING: "Training", Phase.SUCCEEDED: "Completed", Phase.FAILED: status.reason or "Failed"}
+    job_status.set_condition(status, job_status.RUNNING, phase == Phase.RUNNING, running_reason.get(phase, phase.value),
                       message_for[phase], at=now, generation=gen)
-    st_.set_condition(st, st_.COMPLETE, phase == Phase.SUCCEEDED,
+    job_status.set_condition(status, job_status.COMPLETE, phase == Phase.SUCCEEDED,
                       "TrainingFinished" if phase == Phase.SUCCEEDED else phase.value,
                       message_for[phase] if phase == Phase.SUCCEEDED else "", at=now, generation=gen)
     failed = phase == Phase.FAILED
-    st_.set_condition(st, st_.FAILED, failed, (st.reason or "Failed") if failed else phase.value,
-                      (st.message or "") if failed else "", at=now, generation=gen)
-    st_.set_condition(st, st_.SUSPENDED, phase == Phase.SUSPENDED, "SuspendedBySpec" if phase == Phase.SUSPENDED
+    job_status.set_condition(status, job_status.FAILED, failed, (status.reason or "Failed") if failed else phase.value,
+                      (status.message or "") if failed else "", at=now, generation=gen)
+    job_status.set_condition(status, job_status.SUSPENDED, phase == Phase.SUSPENDED, "SuspendedBySpec" if phase == Phase.SUSPENDED
                       else phase.value, message_for[phase] if phase == Phase.SUSPENDED else "", at=now,
                       generation=gen)
-    degraded = st_.get_condition(st, st_.DEGRADED)
+    degraded = job_status.get_condition(status, job_status.DEGRADED)
     if degraded is None or phase not in (Phase.RUNNING, Phase.STARTING):
-        st_.set_condition(st, st_.DEGRADED, False, phase.value, "", at=now, generation=gen)
+        job_status.set_condition(status, job_status.DEGRADED, False, phase.value, "", at=now, generation=gen)
 
     if phase != before:
         if phase == Phase.FAILED:
-            p.events.append(Event("Warning", st.reason or "Failed", st.message or "the job failed"))
+            decided.events.append(Event("Warning", status.reason or "Failed", status.message or "the job failed"))
         elif not (phase == Phase.STARTING and any(e.reason in ("HeadRestarted", "LearnerRestarted", "Resumed")
-                                                  for e in p.events)):
+                                                  for e in decided.events)):
             type_, reason = _TRANSITION_EVENTS[phase]
-            p.events.append(Event(type_, reason, message_for[phase]))
+            decided.events.append(Event(type_, reason, message_for[phase]))
 
 
 def _summary(st: RLTrainingJobStatus) -> str:

@@ -89,6 +89,15 @@ def learner_network_policy(job: str) -> str:
     return f"{job}-learner"
 
 
+def ray_token_secret(job: str) -> str:
+    """The Secret holding the job's Ray token: every Ray process of the job authenticates with it."""
+    return f"{job}-ray-token"
+
+
+#: The key of the token in that Secret.
+RAY_TOKEN_KEY = "token"
+
+
 def ray_address(job: str, namespace: str) -> str:
     """The GCS address workers and the learner join: the head Service's cluster DNS name."""
     return f"{head_service(job)}.{namespace}.svc:{GCS_PORT}"

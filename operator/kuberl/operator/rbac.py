@@ -23,6 +23,9 @@ RULES: list[dict[str, list[str]]] = [
     # Children: Ray head, rollout workers and learner pods, the head Service, the Ray NetworkPolicy.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # Each job's Ray token: created once, deleted with the job, never read back (no get, list or watch,
+    # so the operator's credentials cannot read any Secret, its own jobs' included).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
      "verbs": ["get", "list", "watch", "create", "delete"]},
     # spec.serving: the Deployment serving the trained policy (its Service is under services above).

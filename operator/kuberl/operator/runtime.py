@@ -111,6 +111,7 @@ class Kube:
         fn = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
+            "Secret": self.core.create_namespaced_secret,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Deployment": self.apps.create_namespaced_deployment,
         }[kind]

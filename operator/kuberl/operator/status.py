@@ -10,7 +10,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from kuberl.api.job import Condition, Phase, Progress, RLTrainingJobStatus
+from kuberl.api.job import Condition, Progress, RLTrainingJobStatus
 from prometheus_client.parser import text_string_to_metric_families
 
 #: Condition types, all present once a job has been reconciled (status "True" or "False").
@@ -68,19 +68,38 @@ def workers_column(ready: int, desired: int) -> str:
 # Progress from the learner's metrics
 # --------------------------------------------------------------------------------------------
 
-#: Progress field <- learner metric sample name (kuberl.trainer.metrics.METRICS).
-PROGRESS_FROM_METRICS: dict[str, str] = {
-    "episodes": "kuberl_episodes_total",
-    "env_steps": "kuberl_env_steps_total",
-    "episodes_per_second": "kuberl_episodes_per_second",
-    "env_steps_per_second": "kuberl_env_steps_per_second",
-    "mean_return": "kuberl_episode_return_mean",
-    "wall_clock_seconds": "kuberl_training_wall_clock_seconds",
-    "gradient_updates": "kuberl_gradient_updates_total",
-    "iterations": "kuberl_iterations_total",
-}
+#: The learner's metric samples the job's progress is read from (kuberl.trainer.metrics.METRICS).
+PROGRESS_METRICS = (
+    "kuberl_episodes_total", "kuberl_env_steps_total", "kuberl_episodes_per_second",
+    "kuberl_env_steps_per_second", "kuberl_episode_return_mean", "kuberl_training_wall_clock_seconds",
+    "kuberl_gradient_updates_total", "kuberl_iterations_total",
+)
 CHECKPOINT_METRIC = "kuberl_checkpoint_timestamp_seconds"
-_INTEGER_FIELDS = {"episodes", "env_steps", "gradient_updates", "iterations"}
+
+
+def _progress(samples: dict[str, float]) -> Progress:
+    """Progress, field by field, from its metrics; a missing or non-finite sample reads as the field's default."""
+
+    def finite(metric: str) -> float | None:
+        value = samples.get(metric)
+        return value if value is not None and math.isfinite(value) else None
+
+    def count(metric: str) -> int:
+        return max(0, int(finite(metric) or 0))
+
+    def rate(metric: str) -> float:
+        return max(0.0, finite(metric) or 0.0)
+
+    return Progress(
+        episodes=count("kuberl_episodes_total"),
+        env_steps=count("kuberl_env_steps_total"),
+        episodes_per_second=rate("kuberl_episodes_per_second"),
+        env_steps_per_second=rate("kuberl_env_steps_per_second"),
+        mean_return=finite("kuberl_episode_return_mean"),
+        wall_clock_seconds=rate("kuberl_training_wall_clock_seconds"),
+        gradient_updates=count("kuberl_gradient_updates_total"),
+        iterations=count("kuberl_iterations_total"),
+    )
 
 
 class LearnerReport:
@@ -111,19 +130,8 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
                 win_rates[sample.labels["suite"]] = sample.value
                 continue
             samples.setdefault(sample.name, sample.value)
-    if not any(name in samples for name in PROGRESS_FROM_METRICS.values()):
+    if not any(name in samples for name in PROGRESS_METRICS):
         raise ValueError("no kuberl_* progress metrics in the response")
-    fields: dict[str, Any] = {}
-    for field, metric in PROGRESS_FROM_METRICS.items():
-        value = samples.get(metric)
-        if value is None or math.isnan(value) or math.isinf(value):
-            continue
-        if field in _INTEGER_FIELDS:
-            fields[field] = max(0, int(value))
-        elif field == "mean_return":
-            fields[field] = value
-        else:
-            fields[field] = max(0.0, value)
     checkpoint = samples.get(CHECKPOINT_METRIC)
     checkpoint_time = (datetime.fromtimestamp(checkpoint, timezone.utc).replace(microsecond=0)
                        if checkpoint and checkpoint > 0 else None)
@@ -135,8 +143,5 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     if finished and samples.get("kuberl_evaluation_return_mean") is not None:
         evaluation = {"deterministic": {"meanReturn": samples["kuberl_evaluation_return_mean"]}}
         evaluation.update({suite: {"winRate": rate} for suite, rate in sorted(win_rates.items())})
-    return LearnerReport(Progress(**fields), checkpoint_time, finished, last_checkpoint, evaluation)
+    return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation)
 
-
-def phase_of(status: RLTrainingJobStatus) -> Phase:
-    return Phase(status.phase)

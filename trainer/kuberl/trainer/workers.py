@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from kuberl.api.rollout_slots import rollout_slots, workers_offered
+from kuberl.trainer.rollout import RolloutWorker
 from ray.exceptions import RayActorError, RayTaskError
 
-from kuberl.trainer.rollout import RolloutWorker
-
 log = logging.getLogger(__name__)
-ROLLOUT_SLOT = "rollout_slot"
 
 
 def start_ray(address: str | None, local_slots: int) -> float:
@@ -59,7 +58,7 @@ def start_ray(address: str | None, local_slots: int) -> float:
                 ray.init(
                     address="local",  # never join a cluster some other `ray start` left on this machine
                     num_cpus=max(local_slots, os.cpu_count() or 1),
-                    resources={ROLLOUT_SLOT: local_slots},
+                    resources=rollout_slots(local_slots),
                     include_dashboard=False,
                     object_store_memory=256 * 1024 * 1024,
                     logging_level=logging.WARNING,
@@ -222,11 +221,11 @@ class WorkerSet:
         self.workers: dict[int, WorkerHandle] = {}
         self.restarts = 0
         self._next_generation = 0
-        self._actor_cls = ray.remote(num_cpus=1, resources={ROLLOUT_SLOT: 1}, max_restarts=0)(RolloutWorker)
+        self._actor_cls = ray.remote(num_cpus=1, resources=rollout_slots(1), max_restarts=0)(RolloutWorker)
 
     def desired(self) -> int:
         if self.cluster:
-            return int(ray.cluster_resources().get(ROLLOUT_SLOT, 0))
+            return workers_offered(ray.cluster_resources())
         return int(self.fixed_desired or 1)
 
     def _spawn(self, index: int) -> None:

@@ -76,6 +76,7 @@ def check_environment(spec: RLTrainingJobSpec) -> list[Problem]:
         env = factory(**spec.environment.kwargs)
     except Exception as err:  # noqa: BLE001 - any refusal by the constructor is about the kwargs
         why = str(err) if isinstance(err, (TypeError, ValueError)) else f"{type(err).__name__}: {err}"
+        why = why if len(why) <= 500 else why[:500] + "..."  # a message may quote all of a huge kwargs
         return [Problem("spec.environment.kwargs", f"the environment rejected its kwargs: {why}",
                         spec.environment.kwargs)]
     try:
