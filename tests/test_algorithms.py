@@ -17,6 +17,13 @@ from kuberl.trainer.rollout import _NStepAccumulator
 from kuberl.trainer.spaces import space_info
 
 
+def test_every_algorithm_the_job_model_names_has_a_learner():
+    from kuberl.api.job import AlgorithmName
+    from kuberl.trainer.algorithms import ALGORITHMS
+
+    assert set(ALGORITHMS) == set(AlgorithmName)
+
+
 def test_gae_matches_hand_computation():
     # One env, three steps, episode ends after step 1 (index 1); gamma=0.9, lambda=0.8.
     rewards = np.array([[1.0], [2.0], [3.0]], np.float32)

@@ -33,7 +33,7 @@ class Algorithm:
         self.generator.manual_seed(seed)
         self.gradient_updates = 0
 
-    # The acting side: what a rollout worker builds (`policy.py`) and the weights it loads.
+    # The acting side: what a rollout worker builds (`policies.make_policy`) and the weights it loads.
     def policy_config(self) -> dict[str, Any]:
         raise NotImplementedError
 

@@ -27,8 +27,8 @@ def baseline_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
     field = f"spec.evaluation.suites[{suite.name}]"
     env_spec = spec.environment
     kwargs = {**env_spec.kwargs, **suite.env_kwargs}
-    ev = spec.evaluation
-    seeds = list(range(ev.seed, ev.seed + suite.episodes))
+    settings = spec.evaluation
+    seeds = list(range(settings.seed, settings.seed + suite.episodes))
 
     def make():
         return make_env(env_spec.id, kwargs, env_spec.max_episode_steps)
@@ -36,7 +36,7 @@ def baseline_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
     params = dict(suite.baseline_params)
     if suite.baseline == "random":
         _check_keys(f"{field}.baselineParams", params, _RANDOM_KEYS)
-        seed = int(params.get("seed", ev.seed))
+        seed = int(params.get("seed", settings.seed))
         env = make()
         try:
             returns, lengths = run_baseline(env, _RandomActions(env.action_space, seed), seeds)
@@ -48,7 +48,7 @@ def baseline_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
         _check_keys(f"{field}.baselineParams", params, _MULTI_THRESHOLD_KEYS if multi else _THRESHOLD_KEYS)
         tuning_episodes = int(params.pop("tuning_episodes", 5))
         # After every seed any suite evaluates on, so the tuning never sees an evaluation episode.
-        first_tuning_seed = ev.seed + max([ev.episodes] + [s.episodes for s in ev.suites])
+        first_tuning_seed = settings.seed + max([settings.episodes] + [s.episodes for s in settings.suites])
         tuning_seeds = list(range(first_tuning_seed, first_tuning_seed + tuning_episodes))
         chosen, tuned_return = tune_threshold(make, params, tuning_seeds, multi)
         env = make()
