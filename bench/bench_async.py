@@ -22,13 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    RESULTS,
+    autoscaling_job,
+    autoscaling_machine,
+    best_threshold,
+    example_job,
+    train_job,
+    write_json,
+)
 
 
 def SlowAutoscaling(step_latency_ms: float = 1.0, **kwargs):  # a function, used as a module:Class env id
@@ -44,7 +50,6 @@ def SlowAutoscaling(step_latency_ms: float = 1.0, **kwargs):  # a function, used
 
 
 def main() -> None:
-    from bench_autoscaling import best_threshold, bench_job, example_job, machine, train_job
     from kuberl.trainer.envs import AUTOSCALING_ID
     from kuberl.trainer.workers import start_ray
 
@@ -52,9 +57,10 @@ def main() -> None:
     parser.add_argument("--pattern", default="SINE_CURVE")
     parser.add_argument("--budget", type=int, default=40_000, help="env steps per run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-async"))
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "async.json")
+    parser.add_argument("--output", type=Path, default=RESULTS / "async.json")
     args = parser.parse_args()
-    report: dict[str, Any] = {"machine_before": machine(), "pattern": args.pattern, "budget_env_steps": args.budget}
+    report: dict[str, Any] = {"machine_before": autoscaling_machine(), "pattern": args.pattern,
+                              "budget_env_steps": args.budget}
     t0 = time.perf_counter()
     target = best_threshold(AUTOSCALING_ID, {"load_pattern": args.pattern})["mean_return"]
     report["target_return"] = target
@@ -63,7 +69,8 @@ def main() -> None:
     scenarios = [("1_workers", 1, None), ("2_workers", 2, None), ("io_bound", 2, "bench_async:SlowAutoscaling")]
     for scenario, workers, env_id in scenarios:
         for mode in ("sync", "async"):
-            job = bench_job(example_job("dqn"), args.pattern, args.budget, name=f"bench-{mode}-{workers}")
+            job = autoscaling_job(example_job("autoscaling-dqn"), args.pattern, args.budget,
+                                  name=f"bench-{mode}-{workers}")
             if env_id is not None:
                 job["spec"]["environment"]["id"] = env_id
             job["spec"]["rolloutWorkers"]["replicas"] = workers
@@ -92,9 +99,8 @@ def main() -> None:
         name: round(report["runs"][f"{name}_async"]["updates_per_second"]
                     / report["runs"][f"{name}_sync"]["updates_per_second"], 2) for name, _, _ in scenarios}
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
-    report["machine_after"] = machine()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    report["machine_after"] = autoscaling_machine()
+    write_json(args.output, report, indent=2)
     print(json.dumps(report, indent=2))
 
 

@@ -17,21 +17,23 @@ the load pattern, the step budget and the evaluation changed.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-EVAL_SEED, EVAL_EPISODES = 10_000, 20
-THRESHOLD_UPPERS = (0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.2)
-THRESHOLD_LOWERS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+from common import (
+    RESULTS,
+    autoscaling_eval_seeds,
+    autoscaling_job,
+    autoscaling_machine,
+    best_threshold,
+    example_job,
+    train_job,
+    write_json,
+)
 
 #: Env steps each learner trains for, per pattern (fit ~15 minutes for the whole benchmark on 2 cores).
 BUDGETS = {"qlearning": 200_000, "dqn": 60_000, "ppo": 150_000, "bdq": 60_000}
@@ -43,80 +45,13 @@ PPO_ALGORITHM = {
 }
 
 
-def machine() -> dict[str, Any]:
-    import torch
-
-    return {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()), "python": platform.python_version(),
-            "torch": torch.__version__, "platform": platform.platform()}
-
-
-def example_job(name: str) -> dict[str, Any]:
-    return yaml.safe_load((REPO / "examples" / f"autoscaling-{name}.yaml").read_text())
-
-
-def bench_job(base: dict[str, Any], pattern: str, max_env_steps: int, *, algorithm: dict | None = None,
-              name: str | None = None) -> dict[str, Any]:
-    """An example job with another load pattern and budget, evaluated on the benchmark's seeds only."""
-    job = copy.deepcopy(base)
-    spec = job["spec"]
-    if algorithm is not None:
-        spec["algorithm"] = algorithm
-    if name is not None:
-        job["metadata"]["name"] = name
-    spec["environment"].setdefault("kwargs", {})["load_pattern"] = pattern
-    spec["stopping"] = {"maxEnvSteps": max_env_steps}
-    spec["evaluation"] = {"episodes": EVAL_EPISODES, "seed": EVAL_SEED}
-    spec["checkpointing"] = {"enabled": False}
-    return job
-
-
-def train_job(job_dict: dict[str, Any], run_dir: Path, on_iteration=None) -> dict[str, Any]:
-    from kuberl.api.load import parse_job
-    from kuberl.trainer.run import TrainOptions, train
-
-    t0 = time.perf_counter()
-    result = train(parse_job(job_dict), TrainOptions(run_dir=run_dir, metrics_port=0, progress=False,
-                                                      shutdown_ray=False, on_iteration=on_iteration))
-    ev = result.evaluation["deterministic"]
-    return {"mean_return": ev["mean_return"], "std_return": ev["std_return"],
-            "env_steps": result.counters.env_steps, "gradient_updates": result.counters.gradient_updates,
-            "train_seconds": round(result.counters.wall_clock, 2),
-            "seconds_with_evaluation": round(time.perf_counter() - t0, 2)}
-
-
-def eval_seeds() -> list[int]:
-    return list(range(EVAL_SEED, EVAL_SEED + EVAL_EPISODES))
-
-
 def random_baseline(env_id: str, kwargs: dict[str, Any]) -> float:
     import gymnasium as gym
 
     from kuberl.trainer.envs.baselines import RandomPolicy, evaluate_policy
 
     space = gym.make(env_id, **kwargs).action_space
-    return evaluate_policy(env_id, kwargs, RandomPolicy(space, seed=0), eval_seeds())
-
-
-def best_threshold(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The strongest threshold autoscaler on this grid: on Autoscaling-v0 every (upper, lower) pair
-    scored on the evaluation seeds; on AutoscalingMulti-v0 (x 3 tiers x 3 priorities: 450 settings)
-    the 10 best on 5 other seeds, then scored on the evaluation seeds."""
-    import gymnasium as gym
-
-    from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
-    from kuberl.trainer.evaluation.baselines import rank_thresholds, threshold_grid
-
-    multi = env_id == AUTOSCALING_MULTI_ID
-    env = gym.make(env_id, **kwargs)
-    try:
-        grid = threshold_grid(env, {}, multi)
-        if multi:
-            tuning_seeds = list(range(EVAL_SEED + EVAL_EPISODES, EVAL_SEED + EVAL_EPISODES + 5))
-            grid = [params for _, params in rank_thresholds(env, grid, tuning_seeds, multi)[:10]]
-        score, params = rank_thresholds(env, grid, eval_seeds(), multi)[0]
-    finally:
-        env.close()
-    return {"mean_return": score, **params}
+    return evaluate_policy(env_id, kwargs, RandomPolicy(space, seed=0), autoscaling_eval_seeds())
 
 
 def bench_pattern(pattern: str, algorithms: list[str], work: Path) -> dict[str, Any]:
@@ -132,18 +67,19 @@ def bench_pattern(pattern: str, algorithms: list[str], work: Path) -> dict[str, 
     for algo in ("qlearning", "dqn", "ppo"):
         if algo not in algorithms:
             continue
-        base = example_job("dqn") if algo == "ppo" else example_job(algo)
-        job = bench_job(base, pattern, BUDGETS[algo], algorithm=PPO_ALGORITHM if algo == "ppo" else None,
-                        name=f"bench-{algo}")
+        base = example_job("autoscaling-dqn" if algo == "ppo" else f"autoscaling-{algo}")
+        job = autoscaling_job(base, pattern, BUDGETS[algo], algorithm=PPO_ALGORITHM if algo == "ppo" else None,
+                              name=f"bench-{algo}")
         single[algo] = train_job(job, work / f"{pattern}-{algo}")
         print(f"{pattern} {algo}: {single[algo]}", flush=True)
     if "bdq" in algorithms:
         t0 = time.perf_counter()
-        multi_kwargs = {**example_job("bdq")["spec"]["environment"].get("kwargs", {}), **kwargs}
+        multi_kwargs = {**example_job("autoscaling-bdq")["spec"]["environment"].get("kwargs", {}), **kwargs}
         multi["random"] = {"mean_return": random_baseline(AUTOSCALING_MULTI_ID, multi_kwargs)}
         multi["threshold"] = best_threshold(AUTOSCALING_MULTI_ID, multi_kwargs)
         multi["baseline_seconds"] = round(time.perf_counter() - t0, 2)
-        multi["bdq"] = train_job(bench_job(example_job("bdq"), pattern, BUDGETS["bdq"]), work / f"{pattern}-bdq")
+        multi["bdq"] = train_job(autoscaling_job(example_job("autoscaling-bdq"), pattern, BUDGETS["bdq"]),
+                                 work / f"{pattern}-bdq")
         print(f"{pattern} bdq: {multi['bdq']}", flush=True)
     return out
 
@@ -169,11 +105,12 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["qlearning", "dqn", "ppo", "bdq"],
                         choices=["qlearning", "dqn", "ppo", "bdq"])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-autoscaling"))
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "autoscaling.json")
+    parser.add_argument("--output", type=Path, default=RESULTS / "autoscaling.json")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    report: dict[str, Any] = {"machine_before": machine(), "budgets_env_steps": BUDGETS,
-                              "eval_seeds": [EVAL_SEED, EVAL_SEED + EVAL_EPISODES - 1], "patterns": {}}
+    seeds = autoscaling_eval_seeds()
+    report: dict[str, Any] = {"machine_before": autoscaling_machine(), "budgets_env_steps": BUDGETS,
+                              "eval_seeds": [seeds[0], seeds[-1]], "patterns": {}}
     t0 = time.perf_counter()
     start_ray(None, local_slots=2)
     for pattern in args.patterns:
@@ -181,11 +118,10 @@ def main() -> None:
         report["patterns"][pattern] = {**result, **verdict(result)}
         print(json.dumps({pattern: report["patterns"][pattern]}, indent=1), flush=True)
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
-    report["machine_after"] = machine()
+    report["machine_after"] = autoscaling_machine()
     report["learner_beats_threshold_on_every_pattern"] = all(
         p["a_learner_beats_threshold"] for p in report["patterns"].values())
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.output, report, indent=2)
     print(f"wrote {args.output} in {report['total_seconds']} s", file=sys.stderr)
 
 

@@ -34,9 +34,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gymnasium as gym
 import numpy as np
-from bench_rollout import REPO, interleaved_rates
+from common import EXAMPLES, RESULTS, example_job, interleaved_rates, machine, write_json
 
-EXAMPLES = {
+EXAMPLE_JOBS = {  # env id -> the example job whose policy (and Tic-Tac-Toe's kwargs) the worker uses
     "kuberl/TicTacToe-v0": "tictactoe-dqn.yaml",
     "kuberl/Autoscaling-v0": "autoscaling-dqn.yaml",
     "kuberl/AutoscalingMulti-v0": "autoscaling-dqn.yaml",
@@ -50,19 +50,17 @@ def _algorithm(env_id: str, env):
     from kuberl.trainer.spaces import space_info
 
     torch.set_num_threads(1)
-    job = load_job_file(REPO / "examples" / EXAMPLES[env_id])
+    job = load_job_file(EXAMPLES / EXAMPLE_JOBS[env_id])
     spec = job.spec
     if env_id.endswith("Multi-v0"):  # MultiDiscrete actions: the autoscaling BDQ example's algorithm
-        spec = load_job_file(REPO / "examples" / "autoscaling-bdq.yaml").spec
+        spec = load_job_file(EXAMPLES / "autoscaling-bdq.yaml").spec
     info = space_info(env.single_observation_space, env.single_action_space)
     return algorithm_for(spec, info, torch.device("cpu"), 0, 100_000)
 
 
 def _kwargs(env_id: str) -> dict:
     if env_id == "kuberl/TicTacToe-v0":
-        import yaml
-
-        return yaml.safe_load((REPO / "examples" / EXAMPLES[env_id]).read_text())["spec"]["environment"]["kwargs"]
+        return example_job(Path(EXAMPLE_JOBS[env_id]).stem)["spec"]["environment"]["kwargs"]
     return {}
 
 
@@ -154,7 +152,7 @@ def main() -> None:
     p.add_argument("--envs", type=int, default=64)
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "batched_envs.json")
+    p.add_argument("--output", type=Path, default=RESULTS / "batched_envs.json")
     args = p.parse_args()
     import kuberl.trainer.envs as envs_package
 
@@ -162,7 +160,7 @@ def main() -> None:
     os.sched_setaffinity(0, {core})
     started = time.time()
     results = {}
-    for env_id in EXAMPLES:
+    for env_id in EXAMPLE_JOBS:
         fns = steppers(env_id, args.envs)
         rates = interleaved_rates(fns, args.seconds, args.repeats)
         rates["single_env_cpu"] = cpu_rates(fns["single_env"], args.seconds, args.repeats)
@@ -176,14 +174,14 @@ def main() -> None:
         "benchmark": "KubeRL envs: per-env SyncVectorEnv vs numpy-batched, and one rollout worker (env steps/s, one core)",
         "command": f".venv/bin/python bench/bench_batched_envs.py --envs {args.envs} --seconds {args.seconds} "
                    f"--repeats {args.repeats}",
-        "machine": {"cpus": os.cpu_count(), "processor": platform.machine(), "python": platform.python_version(),
-                    "pinned_core": core, "note": "cores shared with other work; see loadavg_1min per rate"},
+        "machine": machine(processor=platform.machine(), pinned_core=core,
+                           note="cores shared with other work; see loadavg_1min per rate"),
         "envs": args.envs,
         "code": str(Path(envs_package.__file__).resolve().parent),  # which tree's envs ran (A/B runs)
         "wall_seconds": round(time.time() - started, 1),
         "results": results,
     }
-    args.output.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.output, out, indent=2)
     print(f"wrote {args.output}")
 
 

@@ -23,16 +23,21 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    RESULTS,
+    autoscaling_job,
+    autoscaling_machine,
+    best_threshold,
+    example_job,
+    train_job,
+    write_json,
+)
 
 #: The "wide" action space: 5 capacity tiers and 6 priority weights, MultiDiscrete([3, 5, 6]).
 WIDE = {"tiers": [[1.0, 1.0], [1.5, 1.45], [2.0, 1.9], [3.0, 2.8], [4.0, 3.6]],
@@ -59,8 +64,6 @@ def FlatAutoscalingMulti(**kwargs) -> gym.Env:
 
 
 def run(name: str, job: dict[str, Any], targets: dict[str, float], work: Path) -> dict[str, Any]:
-    from bench_autoscaling import train_job
-
     curve: list[tuple[int, float]] = []
 
     def observe(row, loop):
@@ -76,7 +79,6 @@ def run(name: str, job: dict[str, Any], targets: dict[str, float], work: Path) -
 
 
 def main() -> None:
-    from bench_autoscaling import best_threshold, bench_job, example_job, machine
     from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
     from kuberl.trainer.workers import start_ray
 
@@ -84,14 +86,15 @@ def main() -> None:
     parser.add_argument("--pattern", default="SPIKE")
     parser.add_argument("--budget", type=int, default=60_000, help="env steps per run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-bdq-vs-dqn"))
-    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "bdq_vs_dqn.json")
+    parser.add_argument("--output", type=Path, default=RESULTS / "bdq_vs_dqn.json")
     args = parser.parse_args()
-    report: dict[str, Any] = {"machine_before": machine(), "pattern": args.pattern, "budget_env_steps": args.budget}
+    report: dict[str, Any] = {"machine_before": autoscaling_machine(), "pattern": args.pattern,
+                              "budget_env_steps": args.budget}
     t0 = time.perf_counter()
 
     start_ray(None, local_slots=2)
     for space, extra_kwargs in (("default", {}), ("wide", WIDE)):
-        base = example_job("bdq")
+        base = example_job("autoscaling-bdq")
         base["spec"]["environment"]["kwargs"].update(extra_kwargs)
         kwargs = {**base["spec"]["environment"]["kwargs"], "load_pattern": args.pattern}
         threshold = best_threshold(AUTOSCALING_MULTI_ID, kwargs)
@@ -100,7 +103,7 @@ def main() -> None:
         section: dict[str, Any] = {"env_kwargs": extra_kwargs, "threshold": threshold, "targets": targets}
 
         def job(env_id: str, algorithm: dict[str, Any], split: bool, name: str, base=base) -> dict[str, Any]:
-            j = bench_job(base, args.pattern, args.budget, algorithm=algorithm, name=name)
+            j = autoscaling_job(base, args.pattern, args.budget, algorithm=algorithm, name=name)
             j["spec"]["environment"]["id"] = env_id
             j["spec"]["environment"]["kwargs"]["observation_split"] = split
             j["spec"]["stopping"]["returnWindow"] = 32
@@ -125,9 +128,8 @@ def main() -> None:
         section["dqn_steps_over_bdq_steps"] = ratios
         report[space] = section
     report["total_seconds"] = round(time.perf_counter() - t0, 1)
-    report["machine_after"] = machine()
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    report["machine_after"] = autoscaling_machine()
+    write_json(args.output, report, indent=2)
     print(json.dumps(report, indent=2))
 
 

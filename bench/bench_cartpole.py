@@ -1,12 +1,12 @@
 """Time-to-solve CartPole-v1: KubeRL PPO and DQN (k = 1, 2) vs Stable-Baselines3 (zoo hyperparameters)
 and RLlib PPO (its tuned CartPole example), 3 seeds each, every run in its own fresh process.
 
-    bash bench/peers/make_venvs.sh                     # once: the peers' own virtualenvs
+    bash bench/make_peer_venvs.sh                      # once: the peers' own virtualenvs
     .venv/bin/python bench/bench_cartpole.py           # all contenders, seeds 0 1 2
     .venv/bin/python bench/bench_cartpole.py --only kuberl-ppo-k1 sb3-ppo --seeds 0   # a subset
     .venv/bin/python bench/bench_cartpole.py --smoke   # tiny budgets: checks every contender runs
 
-The protocol is bench/peers/protocol.py, shared by every contender: solved = mean of the last 100
+The protocol is in bench/common.py, shared by every contender: solved = mean of the last 100
 training episodes >= 475, then a 100-episode deterministic evaluation (seeds 10000..10099) >= 475;
 a failed evaluation lets training continue and the check repeats after 5k more env steps;
 evaluation time is taken off the clock (reported separately). Ray start-up (KubeRL: ray.init; RLlib:
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,12 +33,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "bench"
-PEERS = BENCH / "peers"
-sys.path.insert(0, str(PEERS))
-
-from protocol import EVAL_SEEDS, RESULT_PREFIX, SolveClock, emit
+from common import (
+    BENCH,
+    EVAL_SEEDS,
+    EXAMPLES,
+    REPO,
+    RESULT_PREFIX,
+    RESULTS,
+    SolveClock,
+    emit,
+    load_average,
+    machine,
+    stats,
+    write_json,
+)
 
 BUDGET_STEPS = 300_000
 BUDGET_SECONDS = 300.0
@@ -47,7 +54,7 @@ HOLD_SECONDS = 900.0  # DQN hold runs must reach 300k steps; this only ends a ru
 CURVE_EVERY = 25_000
 
 # name -> (python, argv builder, hold?)
-VENVS = Path(os.environ.get("KUBERL_BENCH_VENVS", BENCH / ".venvs"))  # where peers/make_venvs.sh put them
+VENVS = Path(os.environ.get("KUBERL_BENCH_VENVS", BENCH / ".venvs"))  # where make_peer_venvs.sh put them
 VENV_SB3 = VENVS / "sb3" / "bin" / "python"
 VENV_RLLIB = VENVS / "rllib" / "bin" / "python"
 PROJECT_PY = REPO / ".venv" / "bin" / "python"
@@ -59,8 +66,8 @@ def contenders(budget_steps: int, budget_seconds: float, hold_seconds: float, sm
             "--curve-every", str(CURVE_EVERY if not smoke else max(budget_steps // 2, 1000))]
     dqn_solve = ["--budget-steps", str(budget_steps), "--budget-seconds", str(hold_seconds)]
     me = [str(PROJECT_PY), str(Path(__file__).resolve()), "--one"]
-    sb3 = [str(VENV_SB3), str(PEERS / "sb3_cartpole.py")]
-    rllib = [str(VENV_RLLIB), str(PEERS / "rllib_cartpole.py")]
+    sb3 = [str(VENV_SB3), str(BENCH / "peer_sb3_cartpole.py")]
+    rllib = [str(VENV_RLLIB), str(BENCH / "peer_rllib_cartpole.py")]
     sb3_ppo_budget = ["--budget-steps", str(min(budget_steps, 100_000)), "--budget-seconds", str(budget_seconds)]
     return {
         # What a user runs: the whole `kuberl train examples/cartpole-ppo.yaml` command (2 workers).
@@ -90,7 +97,7 @@ def run_kuberl(algo: str, workers: int, seed: int, budget_steps: int, budget_sec
     from kuberl.trainer.evaluation import greedy_episodes
     from kuberl.trainer.run import TrainOptions, train
 
-    example = REPO / "examples" / f"cartpole-{algo}.yaml"
+    example = EXAMPLES / f"cartpole-{algo}.yaml"
     data = yaml.safe_load(example.read_text())
     for item in overrides:  # --set algorithm.dqn.bufferSize=300000 (paths under spec, camelCase as in YAML)
         path, _, value = item.partition("=")
@@ -150,7 +157,7 @@ def run_cli(seed: int, workers: int | None) -> dict[str, Any]:
     own 100-episode deterministic evaluation is >= 475; the training clock is its `wall_clock`."""
     kuberl = PROJECT_PY.with_name("kuberl")
     with tempfile.TemporaryDirectory(prefix="kuberl-cli-") as run_dir:
-        cmd = [str(kuberl), "train", str(REPO / "examples" / "cartpole-ppo.yaml"), "--run-dir", run_dir,
+        cmd = [str(kuberl), "train", str(EXAMPLES / "cartpole-ppo.yaml"), "--run-dir", run_dir,
                "--no-progress", "--metrics-port", "0", "--seed", str(seed)]
         if workers:
             cmd += ["--workers", str(workers)]
@@ -163,7 +170,7 @@ def run_cli(seed: int, workers: int | None) -> dict[str, Any]:
     ev = (summary.get("evaluation") or {}).get("deterministic") or {}
     solved = summary["stopped_by"] == "target_return" and (ev.get("mean_return") or 0) >= 475
     return {
-        "contender": "kuberl-cli", "seed": seed, "workers": workers or 2, "command": " ".join(["kuberl train examples/cartpole-ppo.yaml", *cmd[9:]]),
+        "contender": "kuberl-cli", "seed": seed, "workers": workers or 2, "command": " ".join(["kuberl train examples/cartpole-ppo.yaml", *cmd[8:]]),
         "solved": solved, "time_to_solve_seconds": round(summary["wall_clock"], 3) if solved else None,
         "env_steps_to_solve": summary["env_steps"] if solved else None, "stop_reason": summary["stopped_by"],
         "env_steps_total": summary["env_steps"], "train_seconds_total": round(summary["wall_clock"], 3),
@@ -178,8 +185,8 @@ def run_cli(seed: int, workers: int | None) -> dict[str, Any]:
 
 def run_one(name: str, entry: dict, seed: int, timeout: float, env: dict[str, str]) -> dict[str, Any]:
     cmd = entry["cmd"] + ["--seed", str(seed)]
-    print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.2f}) ...", flush=True)
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = load_average()
+    print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {load_start[0]:.2f}) ...", flush=True)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True,
@@ -204,24 +211,17 @@ def run_one(name: str, entry: dict, seed: int, timeout: float, env: dict[str, st
     return res
 
 
-def _stats(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}
-
-
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "error" not in r]
     solved = [r for r in ok if r.get("solved")]
     out: dict[str, Any] = {
         "runs": len(runs), "solved": len(solved),
-        "time_to_solve_seconds": _stats([r["time_to_solve_seconds"] for r in solved]),
-        "env_steps_to_solve": _stats([r["env_steps_to_solve"] for r in solved]),
-        "steps_per_second_training": _stats([r["env_steps_total"] / r["train_seconds_total"]
+        "time_to_solve_seconds": stats([r["time_to_solve_seconds"] for r in solved]),
+        "env_steps_to_solve": stats([r["env_steps_to_solve"] for r in solved]),
+        "steps_per_second_training": stats([r["env_steps_total"] / r["train_seconds_total"]
                                              for r in ok if r.get("train_seconds_total")]),
         # process start to exit: the command itself for kuberl-cli, else the contender's whole process
-        "whole_process_seconds": _stats([r.get("command_wall_seconds", r["process_wall_seconds"]) for r in ok]),
+        "whole_process_seconds": stats([r.get("command_wall_seconds", r["process_wall_seconds"]) for r in ok]),
     }
     splits = [r["time_split"] for r in ok if r.get("time_split")]
     if splits:
@@ -229,9 +229,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                     for k in ("total", "startup", "collection", "learning", "evaluation",
                                               "report", "shutdown")}
     if any("ray_start_seconds" in r for r in ok):
-        out["ray_start_seconds"] = _stats([r["ray_start_seconds"] for r in ok if "ray_start_seconds" in r])
+        out["ray_start_seconds"] = stats([r["ray_start_seconds"] for r in ok if "ray_start_seconds" in r])
     if any("build_seconds" in r for r in ok):
-        out["algorithm_build_seconds"] = _stats([r["build_seconds"] for r in ok if "build_seconds" in r])
+        out["algorithm_build_seconds"] = stats([r["build_seconds"] for r in ok if "build_seconds" in r])
     holds = [r["hold"] for r in ok if "hold" in r]
     if holds:
         out["hold"] = {
@@ -290,7 +290,7 @@ def ratios(summary: dict[str, dict[str, Any]], runs_by: dict[str, list[dict[str,
     return out
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--one", choices=["kuberl-ppo", "kuberl-dqn", "kuberl-cli"],
                    help="one KubeRL run in this process (kuberl-cli: the `kuberl train` command, timed)")
@@ -309,29 +309,38 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="tiny budgets; writes bench/.cache/cartpole-smoke.json")
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--resummarize", action="store_true", help="recompute summary/ratios of --output; no runs")
-    args = p.parse_args()
+    return p.parse_args()
 
-    if args.resummarize:  # recompute summary and ratios of an existing results file (no runs)
-        output = args.output or BENCH / "results" / "cartpole.json"
-        result = json.loads(output.read_text())
-        result["summary"] = {name: summarize(runs) for name, runs in result["runs"].items()}
-        result["ratios_time_to_solve"] = ratios(result["summary"], result["runs"])
-        output.write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps({"summary": result["summary"], "ratios": result["ratios_time_to_solve"]}, indent=1))
-        return
 
-    if args.one == "kuberl-cli":
-        emit(run_cli(args.seed, args.workers))
-        return
-    if args.one:
-        res = run_kuberl(args.one.split("-")[1], args.workers or 1, args.seed, args.budget_steps, args.budget_seconds,
-                         args.hold, args.curve_every, args.recheck_steps, args.set or [])
-        emit(res)
-        return
+def resummarize(output: Path) -> None:
+    """Recompute summary and ratios of an existing results file (no runs)."""
+    result = json.loads(output.read_text())
+    result["summary"] = {name: summarize(runs) for name, runs in result["runs"].items()}
+    result["ratios_time_to_solve"] = ratios(result["summary"], result["runs"])
+    write_json(output, result)
+    print(json.dumps({"summary": result["summary"], "ratios": result["ratios_time_to_solve"]}, indent=1))
 
+
+def protocol_record(budget_steps: int, budget_seconds: float) -> dict[str, Any]:
+    return {"solved": "mean of last 100 training episodes >= 475, then 100-episode deterministic "
+                      "evaluation (seeds 10000-10099) >= 475; a failed evaluation is retried after 5000 "
+                      "more env steps; evaluation time is off the clock",
+            "ray_start": "off the clock, reported separately (KubeRL: ray.init; RLlib: ray.init and "
+                         "algorithm build, separately)",
+            "budget": {"env_steps": budget_steps, "train_seconds": budget_seconds,
+                       "sb3_ppo_env_steps": min(budget_steps, 100_000),
+                       "dqn_hold": {"env_steps": budget_steps, "eval_every": CURVE_EVERY}},
+            "learner_torch_threads": 1,
+            "whole_process": "process start to exit of each contender's own process; for kuberl-cli "
+                             "the `kuberl train examples/cartpole-ppo.yaml` command (its evaluation, "
+                             "checkpoint and report written), timed by its wrapper"}
+
+
+def drive(args: argparse.Namespace) -> None:
+    """Every chosen contender, every seed, each run a fresh process; merged into the results file."""
     if args.smoke:
         args.budget_steps, args.budget_seconds, args.hold_seconds = 6_000, 30.0, 60.0
-    default_output = BENCH / ".cache" / "cartpole-smoke.json" if args.smoke else BENCH / "results" / "cartpole.json"
+    default_output = BENCH / ".cache" / "cartpole-smoke.json" if args.smoke else RESULTS / "cartpole.json"
     output = args.output or default_output
     table = contenders(args.budget_steps, args.budget_seconds, args.hold_seconds, args.smoke)
     names = args.only or list(table)
@@ -341,7 +350,7 @@ def main() -> None:
     for name in names:
         py = Path(table[name]["cmd"][0])
         if not py.exists():
-            raise SystemExit(f"{py} is missing: run `bash bench/peers/make_venvs.sh` first")
+            raise SystemExit(f"{py} is missing: run `bash bench/make_peer_venvs.sh` first")
 
     # numpy's OpenBLAS: this machine sets OPENBLAS_CORETYPE/L2_SIZE for old builds; a current numpy is
     # faster without them, so every contender runs without them (the same for all).
@@ -349,7 +358,7 @@ def main() -> None:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     previous = json.loads(output.read_text()) if output.exists() else {}
     runs_by = previous.get("runs", {})
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     t_all = time.perf_counter()
     fresh: dict[str, list] = {n: [] for n in names}
     for seed in args.seeds:  # seed-major: load drift on this shared machine spreads over all contenders
@@ -361,23 +370,11 @@ def main() -> None:
     summary = {name: summarize(runs) for name, runs in runs_by.items()}
     result = {
         "benchmark": "time-to-solve CartPole-v1",
-        "protocol": {"solved": "mean of last 100 training episodes >= 475, then 100-episode deterministic "
-                               "evaluation (seeds 10000-10099) >= 475; a failed evaluation is retried after 5000 "
-                               "more env steps; evaluation time is off the clock",
-                     "ray_start": "off the clock, reported separately (KubeRL: ray.init; RLlib: ray.init and "
-                                  "algorithm build, separately)",
-                     "budget": {"env_steps": args.budget_steps, "train_seconds": args.budget_seconds,
-                                "sb3_ppo_env_steps": min(args.budget_steps, 100_000),
-                                "dqn_hold": {"env_steps": args.budget_steps, "eval_every": CURVE_EVERY}},
-                     "learner_torch_threads": 1,
-                     "whole_process": "process start to exit of each contender's own process; for kuberl-cli "
-                                      "the `kuberl train examples/cartpole-ppo.yaml` command (its evaluation, "
-                                      "checkpoint and report written), timed by its wrapper"},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "loadavg_before_last_invocation": load_before,
-                    "loadavg_after_last_invocation": [round(x, 2) for x in os.getloadavg()],
-                    "note": "shared 2-core machine: other agents' jobs ran concurrently; each run records "
-                            "loadavg_start and loadavg_end"},
+        "protocol": protocol_record(args.budget_steps, args.budget_seconds),
+        "machine": machine(loadavg_before_last_invocation=load_before,
+                           loadavg_after_last_invocation=load_average(),
+                           note="shared 2-core machine: other agents' jobs ran concurrently; each run records "
+                                "loadavg_start and loadavg_end"),
         "last_invocation": {"argv": sys.argv[1:], "contenders": names, "seeds": args.seeds,
                             "wall_seconds": round(time.perf_counter() - t_all, 1),
                             "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
@@ -385,10 +382,22 @@ def main() -> None:
         "ratios_time_to_solve": ratios(summary, runs_by),
         "runs": runs_by,
     }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(output, result)
     print(json.dumps({"summary": summary, "ratios": result["ratios_time_to_solve"]}, indent=1))
     print(f"wrote {output}")
+
+
+def main() -> None:
+    args = arguments()
+    if args.resummarize:
+        resummarize(args.output or RESULTS / "cartpole.json")
+    elif args.one == "kuberl-cli":
+        emit(run_cli(args.seed, args.workers))
+    elif args.one:
+        emit(run_kuberl(args.one.split("-")[1], args.workers or 1, args.seed, args.budget_steps,
+                        args.budget_seconds, args.hold, args.curve_every, args.recheck_steps, args.set or []))
+    else:
+        drive(args)
 
 
 if __name__ == "__main__":

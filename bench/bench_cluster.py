@@ -1,8 +1,9 @@
 """`kubectl apply` on the one-node cluster against `kuberl train` on the same machine, same job.
 
 For `examples/cartpole-ppo.yaml` (seeded, 2 workers x 8 envs, stop at mean return 475) it times,
-on the test bed of tests/cluster_bed.py (API emulator, node agent running every pod as a podman
-container of the real trainer image, the operator's pod from the chart):
+on the one-node bed the end-to-end tests use (tests/cluster_bed.py, reached through
+common.from_tests: API emulator, node agent running every pod as a podman container of the real
+trainer image, the operator's pod from the chart):
 
 - apply -> all pods created, head ready, all pods Running (init containers done), the learner's
   /metrics up, the first env step (kuberl_env_steps_total > 0), the job Complete;
@@ -22,23 +23,17 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 
 import yaml
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from cluster_bed import OneNodeCluster, ensure_images
+from common import EXAMPLES, REPO, RESULTS, from_tests, load_average, machine, write_json
 
 NS = "bench"
-JOB_FILE = REPO / "examples" / "cartpole-ppo.yaml"
+JOB_FILE = EXAMPLES / "cartpole-ppo.yaml"
 
 
 def scrape(ip: str, port: int = 8080) -> dict[str, float]:
@@ -55,7 +50,8 @@ def scrape(ip: str, port: int = 8080) -> dict[str, float]:
     return out
 
 
-def cluster_run(bed: OneNodeCluster, index: int) -> dict:
+def cluster_run(bed, index: int) -> dict:
+    """One `kubectl apply` of the job on the bed (a cluster_bed.OneNodeCluster), timed to Complete."""
     job = yaml.safe_load(JOB_FILE.read_text())
     name = f"cartpole-{index}"
     job["metadata"] = {"name": name, "namespace": NS}
@@ -150,11 +146,13 @@ def local_run() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "cluster.json"))
+    parser.add_argument("--out", default=str(RESULTS / "cluster.json"))
     args = parser.parse_args()
-    build = ensure_images()
+    cluster_bed = from_tests("cluster_bed")
+    build = cluster_bed.ensure_images()
     cluster_runs, local_runs = [], []
-    with tempfile.TemporaryDirectory() as tmp, OneNodeCluster(pathlib.Path(tmp), namespaces=(NS,)) as bed:
+    with (tempfile.TemporaryDirectory() as tmp,
+          cluster_bed.OneNodeCluster(pathlib.Path(tmp), namespaces=(NS,)) as bed):
         for i in range(args.runs):
             local_runs.append(local_run())
             print(f"local run {i}: {local_runs[-1]['whole_command']:.1f} s", flush=True)
@@ -171,7 +169,7 @@ def main() -> None:
     result = {
         "job": str(JOB_FILE.relative_to(REPO)),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_after": os.getloadavg()},
+        "machine": machine(load_average_after=load_average()),
         "images": {"ensure_images_seconds": round(build["seconds"], 1), "note": "base from Debian (Python 3.11.2)"},
         "bed_start_seconds": bed_timings,
         "median": {
@@ -191,7 +189,7 @@ def main() -> None:
         "local_runs": local_runs,
     }
     result["target_met"] = result["median"]["cluster_over_local"] <= 1.5
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result["median"], indent=1))
 
 

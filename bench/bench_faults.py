@@ -10,25 +10,28 @@ names a file. A fault whose test fails has no row; the test's output says why.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-OUT = REPO / "bench" / "results" / "faults.json"
+from common import REPO, RESULTS, write_json
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", type=Path, default=RESULTS / "faults.json")
+    out = parser.parse_args().output.resolve()
     started = time.monotonic()
-    env = {**os.environ, "KUBERL_FAULTS_RESULTS": str(OUT)}
+    env = {**os.environ, "KUBERL_FAULTS_RESULTS": str(out)}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              str(REPO / "tests" / "test_e2e_faults.py")], cwd=REPO, env=env, check=False)
-    data = json.loads(OUT.read_text())
+    data = json.loads(out.read_text())
     data["module_seconds"] = round(time.monotonic() - started, 1)
-    OUT.write_text(json.dumps(data, indent=1) + "\n")
+    write_json(out, data)
     print(f"\n{'fault':<78} {'recovered':>9} {'s to recover':>12} {'steps lost':>10} {'orphans':>7}")
     for row in data["faults"]:
         print(f"{row['fault']:<78} {'yes' if row['recovered'] else 'NO':>9} {row['seconds_to_recover']:>12} "

@@ -21,7 +21,8 @@ import re
 import subprocess
 import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+from common import REPO, RESULTS, load_average, write_json
+
 IMAGES = {"operator": "ghcr.io/kuberl/kuberl-operator:0.1.0", "trainer": "ghcr.io/kuberl/kuberl-trainer:0.1.0",
           "base": "docker.io/library/python:3.11.13-slim-bookworm"}
 
@@ -62,9 +63,9 @@ def smoke(name: str, image: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", help="parse this build-images output instead of building")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "image_build.json"))
+    parser.add_argument("--out", default=str(RESULTS / "image_build.json"))
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    load_before = load_average()
     if args.log:
         text = pathlib.Path(args.log).read_text()
         real = re.search(r"real\s+(\d+)m([\d.]+)s", text)  # `time` around the command, if it was used
@@ -93,7 +94,7 @@ def main() -> None:
         "size_mb": {name: round(size / 1e6, 1) for name, size in sizes.items()},
         "engine_log_lines": [line for line in text.splitlines() if line.startswith("build-images:")],
         "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
+        "load_average_after": load_average(),
         "cpus": os.cpu_count(),
         "smoke_runs": {name: smoke(name, image) for name, image in IMAGES.items()},
         "smoke_run_flags": " ".join(SAFE),
@@ -106,7 +107,7 @@ def main() -> None:
             "2 cores shared with other agents' test and bench runs during the build (see the load averages)",
         ],
     }
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=1))
 
 

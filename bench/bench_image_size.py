@@ -25,9 +25,10 @@ import time
 import venv
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VENVS = REPO / "bench" / ".venvs"
-RESULTS = REPO / "bench" / "results" / "image_size.json"
+from common import BENCH, REPO, RESULTS, write_json
+
+VENVS = BENCH / ".venvs"
+RESULT_FILE = RESULTS / "image_size.json"
 IMAGES = {"operator": "Dockerfile.operator", "trainer": "Dockerfile.trainer"}
 OPERATOR_TARGET_MB = 150
 MB = 1_000_000
@@ -137,7 +138,7 @@ def main() -> int:
     args = parser.parse_args()
     overrides = {} if args.torch_index_url is None else {"TORCH_INDEX_URL": args.torch_index_url}
 
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = json.loads(RESULT_FILE.read_text()) if RESULT_FILE.exists() else {}
     results.update({
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -159,8 +160,7 @@ def main() -> int:
         results["images"][label] = report
         top = ", ".join(f"{p['name']} {p['mb']} MB" for p in report["largest"][:4])
         print(f"{label}: {report['venv_mb']} MB in {report['files']} files; largest: {top}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(RESULT_FILE, results, indent=2)
     return 0
 
 

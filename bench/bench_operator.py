@@ -1,8 +1,8 @@
 """Operator latency and memory on the API emulator: job created -> all k+2 pods created.
 
 Runs the real `kuberl-operator` command (its own process, default intervals) against the test
-suite's emulated API server (in this process), watches pods with the `kubernetes` client, and
-measures:
+suite's emulated API server (tests/k8s_emulator.py, reached through common.from_tests; in this
+process), watches pods with the `kubernetes` client, and measures:
   1. for k = 1, 4, 12 rollout workers: time from a job's create request to the moment its last
      pod (head, learner, k workers) exists, over --jobs jobs created one after another;
   2. --burst jobs created at once (k = --burst-workers): time until every one has all its pods;
@@ -20,10 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
-import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,21 +32,10 @@ from pathlib import Path
 
 import kmock
 import kubernetes
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from common import RESULTS, example_job, free_port, from_tests, machine, write_json
 
 NS = "bench"
 NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class PodClock:
@@ -124,8 +109,9 @@ class _Operator:
 
 
 @contextlib.contextmanager
-def running_operator(cluster: EmulatedCluster, log_path: Path) -> Iterator[_Operator]:
-    """The real `kuberl-operator` command, default settings, watching the benchmark's namespace."""
+def running_operator(cluster, log_path: Path) -> Iterator[_Operator]:
+    """The real `kuberl-operator` command, default settings, watching the benchmark's namespace of
+    `cluster` (a k8s_emulator.EmulatedCluster)."""
     liveness = free_port()
     script = Path(sys.executable).parent / "kuberl-operator"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "kuberl.operator.main"]
@@ -152,98 +138,118 @@ def running_operator(cluster: EmulatedCluster, log_path: Path) -> Iterator[_Oper
                 process.kill()
 
 
+class _Bench:
+    """The emulated cluster, the pod clock and the job template the two phases share."""
+
+    def __init__(self, cluster, work: Path):
+        self.cluster, self.work = cluster, work
+        api = cluster.api_client()
+        self.clock = PodClock(api)
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.template = example_job("cartpole-ppo")
+
+    def create(self, name: str, workers: int) -> float:
+        """Creates a job; returns when its create request went out."""
+        t0 = time.perf_counter()
+        self.custom.create_namespaced_custom_object("kuberl.dev", "v1alpha1", NS, "rltrainingjobs",
+                                                    job(self.template, name, workers), _preload_content=False)
+        return t0
+
+    def delete_all(self) -> None:
+        """The operator lets go of its finalizers; the jobs' pods are collected."""
+        for body in self.cluster.list("rltj"):
+            self.custom.delete_namespaced_custom_object("kuberl.dev", "v1alpha1", NS, "rltrainingjobs",
+                                                        body["metadata"]["name"], _preload_content=False)
+        deadline = time.perf_counter() + 120
+        while self.cluster.list("rltj") or self.cluster.list("pods"):
+            if time.perf_counter() > deadline:
+                raise TimeoutError("the benchmark's jobs were not deleted")
+            time.sleep(0.2)
+
+
+def one_at_a_time(bench: _Bench, workers: list[int], jobs: int) -> dict:
+    """Phase 1: for each k, `jobs` jobs created one after another, each timed to its last pod."""
+    results: dict = {}
+    with running_operator(bench.cluster, bench.work / "operator-1.log") as operator:
+        results["operator_startup_s"] = operator.startup_s
+        results["operator_rss_idle_mb"] = round(rss_mb(operator.pid)["VmRSS"], 1)
+        bench.create("warmup", 1)  # the first job: nothing measured
+        bench.clock.wait_all(pod_names("warmup", 1))
+        results["sequential"] = {}
+        for k in workers:
+            latencies = []
+            for i in range(jobs):
+                name = f"seq-k{k}-{i}"
+                t0 = bench.create(name, k)
+                latencies.append(bench.clock.wait_all(pod_names(name, k)) - t0)
+            results["sequential"][f"k={k}"] = {"pods_per_job": k + 2, **quantiles(latencies)}
+            print(f"k={k:2d}: {results['sequential'][f'k={k}']}", flush=True)
+        results["operator_rss_after_sequential_mb"] = round(rss_mb(operator.pid)["VmRSS"], 1)
+        results["jobs_after_sequential"] = len(bench.cluster.list("rltj"))
+        bench.delete_all()
+    return results
+
+
+def burst(bench: _Bench, jobs: int, workers: int) -> dict:
+    """Phase 2: a fresh operator; `jobs` jobs created at once, timed until every one has its pods."""
+    results: dict = {}
+    with running_operator(bench.cluster, bench.work / "operator-2.log") as operator:
+        names = [f"burst-{i}" for i in range(jobs)]
+        starts: dict[str, float] = {}
+        threads = [threading.Thread(target=lambda n=n: starts.__setitem__(n, bench.create(n, workers)))
+                   for n in names]
+        t_burst = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        created = time.perf_counter() - t_burst
+        done = bench.clock.wait_all([p for n in names for p in pod_names(n, workers)], timeout=300)
+        per_job = [bench.clock.wait_all(pod_names(n, workers)) - starts[n] for n in names]
+        results["burst"] = {
+            "jobs": jobs, "workers_per_job": workers, "pods": jobs * (workers + 2),
+            "create_requests_s": round(created, 3),
+            "all_pods_created_s": round(done - t_burst, 3),
+            "per_job": quantiles(per_job),
+        }
+        print(f"burst: {results['burst']}", flush=True)
+        time.sleep(2)  # let the status writes settle
+        memory = rss_mb(operator.pid)
+        results["operator_rss_after_burst_mb"] = round(memory["VmRSS"], 1)
+        results["operator_rss_peak_mb"] = round(memory["VmHWM"], 1)
+        results["jobs_in_cluster"] = len(bench.cluster.list("rltj"))
+        results["pods_in_cluster"] = len(bench.cluster.list("pods"))
+        print(f"operator RSS after the burst: {memory}", flush=True)
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=15, help="jobs per k, created one after another")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 12])
     parser.add_argument("--burst", type=int, default=50, help="jobs created at once")
     parser.add_argument("--burst-workers", type=int, default=4)
-    parser.add_argument("--output", default=str(REPO / "bench" / "results" / "operator.json"))
+    parser.add_argument("--output", default=str(RESULTS / "operator.json"))
     args = parser.parse_args()
 
-    template = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
-    emulator = KubernetesApiEmulator(
-        crds=load_crds(), namespaces=["default", NS],
+    k8s = from_tests("k8s_emulator")
+    emulator = k8s.KubernetesApiEmulator(
+        crds=k8s.load_crds(), namespaces=["default", NS],
         extra_resources={NETWORK_POLICIES: kmock.ResourceInfo(
-            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=ALL_VERBS,
+            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=k8s.ALL_VERBS,
             shortnames={"netpol"}, categories=set(), subresources=set())})
-    results: dict = {}
-    with tempfile.TemporaryDirectory() as tmp, EmulatedCluster(emulator, Path(tmp), namespace=NS) as cluster:
-        api = cluster.api_client()
-        clock = PodClock(api)
-        custom = kubernetes.client.CustomObjectsApi(api)
-
-        def create(body: dict) -> float:
-            t0 = time.perf_counter()
-            custom.create_namespaced_custom_object("kuberl.dev", "v1alpha1", NS, "rltrainingjobs", body,
-                                                   _preload_content=False)
-            return t0
-
-        # 1. One job at a time, for each k.
-        with running_operator(cluster, Path(tmp) / "operator-1.log") as operator:
-            results["operator_startup_s"] = operator.startup_s
-            results["operator_rss_idle_mb"] = round(rss_mb(operator.pid)["VmRSS"], 1)
-            create(job(template, "warmup", 1))  # the first job: nothing measured
-            clock.wait_all(pod_names("warmup", 1))
-            results["sequential"] = {}
-            for k in args.workers:
-                latencies = []
-                for i in range(args.jobs):
-                    name = f"seq-k{k}-{i}"
-                    t0 = create(job(template, name, k))
-                    latencies.append(clock.wait_all(pod_names(name, k)) - t0)
-                results["sequential"][f"k={k}"] = {"pods_per_job": k + 2, **quantiles(latencies)}
-                print(f"k={k:2d}: {results['sequential'][f'k={k}']}", flush=True)
-            results["operator_rss_after_sequential_mb"] = round(rss_mb(operator.pid)["VmRSS"], 1)
-            results["jobs_after_sequential"] = len(cluster.list("rltj"))
-            for body in cluster.list("rltj"):  # the operator lets go of its finalizers; pods are collected
-                custom.delete_namespaced_custom_object("kuberl.dev", "v1alpha1", NS, "rltrainingjobs",
-                                                       body["metadata"]["name"], _preload_content=False)
-            deadline = time.perf_counter() + 120
-            while cluster.list("rltj") or cluster.list("pods"):
-                if time.perf_counter() > deadline:
-                    raise TimeoutError("the benchmark's jobs were not deleted")
-                time.sleep(0.2)
-
-        # 2. A fresh operator; --burst jobs created at once.
-        with running_operator(cluster, Path(tmp) / "operator-2.log") as operator:
-            names = [f"burst-{i}" for i in range(args.burst)]
-            bodies = [job(template, n, args.burst_workers) for n in names]
-            starts: dict[str, float] = {}
-            threads = [threading.Thread(target=lambda b=b: starts.__setitem__(b["metadata"]["name"], create(b)))
-                       for b in bodies]
-            t_burst = time.perf_counter()
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            created = time.perf_counter() - t_burst
-            done = clock.wait_all([p for n in names for p in pod_names(n, args.burst_workers)], timeout=300)
-            per_job = [clock.wait_all(pod_names(n, args.burst_workers)) - starts[n] for n in names]
-            results["burst"] = {
-                "jobs": args.burst, "workers_per_job": args.burst_workers,
-                "pods": args.burst * (args.burst_workers + 2),
-                "create_requests_s": round(created, 3),
-                "all_pods_created_s": round(done - t_burst, 3),
-                "per_job": quantiles(per_job),
-            }
-            print(f"burst: {results['burst']}", flush=True)
-            time.sleep(2)  # let the status writes settle
-            memory = rss_mb(operator.pid)
-            results["operator_rss_after_burst_mb"] = round(memory["VmRSS"], 1)
-            results["operator_rss_peak_mb"] = round(memory["VmHWM"], 1)
-            results["jobs_in_cluster"] = len(cluster.list("rltj"))
-            results["pods_in_cluster"] = len(cluster.list("pods"))
-            print(f"operator RSS after the burst: {memory}", flush=True)
-        clock.stop = True
+    with (tempfile.TemporaryDirectory() as tmp,
+          k8s.EmulatedCluster(emulator, Path(tmp), namespace=NS) as cluster):
+        bench = _Bench(cluster, Path(tmp))
+        results = one_at_a_time(bench, args.workers, args.jobs)
+        results.update(burst(bench, args.burst, args.burst_workers))
+        bench.clock.stop = True
     results["targets"] = {"k=12 p50 <= 0.5 s": results["sequential"].get("k=12", {}).get("p50_s", 1e9) <= 0.5,
                           "RSS <= 150 MB": results["operator_rss_after_burst_mb"] <= 150}
     results["command"] = " ".join(["python bench/bench_operator.py", *sys.argv[1:]])
-    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform(),
-                          "note": "emulator (this process) and operator (subprocess) share the machine's cores"}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    results["machine"] = machine(
+        note="emulator (this process) and operator (subprocess) share the machine's cores")
+    write_json(args.output, results, indent=2)
     print(f"wrote {args.output}")
     return 0
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -46,30 +45,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gymnasium as gym
 import numpy as np
+from common import EXAMPLES, RESULTS, interleaved_rates, load_average, machine, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 CORES = sorted(os.sched_getaffinity(0))
-
-
-def interleaved_rates(fns: dict[str, Callable[[], int]], seconds: float, repeats: int = 3,
-                      warmup: int = 2) -> dict[str, dict[str, Any]]:
-    """Each fn does some env steps and returns how many. They are measured in turns (a, b, c, a, b, c, ...)
-    for `seconds` each, `repeats` rounds, so load from other jobs on this shared machine hits all of
-    them alike; the median round counts."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    rates: dict[str, list[float]] = {name: [] for name in fns}
-    loads = []
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            steps, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                steps += fn()
-            rates[name].append(steps / (time.perf_counter() - t0))
-        loads.append(round(os.getloadavg()[0], 2))
-    return {name: {"steps_per_second": round(statistics.median(r)), "rounds": [round(x) for x in r],
-                   "loadavg_1min": loads} for name, r in rates.items()}
 
 
 def job_algorithm(name: str):
@@ -81,7 +59,7 @@ def job_algorithm(name: str):
     from kuberl.trainer.spaces import space_info
 
     torch.set_num_threads(1)
-    job = load_job_file(REPO / "examples" / f"cartpole-{name}.yaml")
+    job = load_job_file(EXAMPLES / f"cartpole-{name}.yaml")
     env = make_env("CartPole-v1", {})
     info = space_info(env.observation_space, env.action_space)
     env.close()
@@ -230,6 +208,27 @@ def collection_stepper(k: int, n_envs: int, steps: int) -> Callable[[], int]:
     return run
 
 
+def ratios(single: dict, batched: dict, big: int, actor: dict, collection: dict, ceiling: dict | None) -> dict:
+    """Each figure against what it is compared with: the raw env on the same core, k=1, one process."""
+    raw_rate = single["raw_vector_env"]["steps_per_second"]
+
+    def rate(table: dict, name: str) -> int:
+        return table[name]["steps_per_second"]
+
+    return {
+        "worker_inprocess_ppo_over_raw": round(rate(single, "worker_inprocess_ppo") / raw_rate, 3),
+        "worker_inprocess_dqn_over_raw": round(rate(single, "worker_inprocess_dqn") / raw_rate, 3),
+        "worker_actor_ppo_over_raw": round(rate(actor, "worker_actor_ppo") / raw_rate, 3),
+        "worker_actor_dqn_over_raw": round(rate(actor, "worker_actor_dqn") / raw_rate, 3),
+        "collection_k2_over_k1": {label: res["k2_over_k1"] for label, res in collection.items()},
+        "machine_two_processes_over_one": ceiling["two_over_one"] if ceiling else None,
+        f"batched_{big}_worker_ppo_over_raw_kuberl_batched": round(
+            rate(batched, "worker_inprocess_ppo") / rate(batched, "raw_kuberl_batched"), 3),
+        f"batched_{big}_worker_ppo_over_raw_gymnasium_vector": round(
+            rate(batched, "worker_inprocess_ppo") / rate(batched, "raw_gymnasium_vector_entry_point"), 3),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", type=int, default=64)
@@ -237,10 +236,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="per measurement turn")
     p.add_argument("--repeats", type=int, default=3, help="rounds of turns (median)")
     p.add_argument("--big-envs", type=int, default=1024, help="envs per worker for the batched-env comparison")
-    p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "rollout.json")
+    p.add_argument("--output", type=Path, default=RESULTS / "rollout.json")
     args = p.parse_args()
     core = CORES[-1]
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     t_all = time.perf_counter()
     n, steps, sec, rep = args.envs, args.steps, args.seconds, args.repeats
 
@@ -292,15 +291,13 @@ def main() -> None:
         collection[label] = res
     ray.shutdown()
 
-    raw_rate = single["raw_vector_env"]["steps_per_second"]
     result = {
         "benchmark": "rollout throughput, CartPole-v1",
-        "machine": {"cpus": os.cpu_count(), "cores_available": CORES, "platform": platform.platform(),
-                    "python": platform.python_version(), "numpy": np.__version__, "gymnasium": gym.__version__,
-                    "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-                    "loadavg_before": load_before, "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                    "note": "shared 2-core machine: other agents' jobs ran concurrently"},
+        "machine": machine(cores_available=CORES, numpy=np.__version__, gymnasium=gym.__version__,
+                           OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE"),
+                           OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"),
+                           loadavg_before=load_before, loadavg_after=load_average(),
+                           note="shared 2-core machine: other agents' jobs ran concurrently"),
         "config": {"envs": n, "steps_per_call": steps, "seconds_per_turn": sec, "rounds": rep, "pinned_core": core},
         "ray_start_seconds": round(ray_seconds, 3),
         "single_core": single,
@@ -308,25 +305,12 @@ def main() -> None:
         "worker_ray_actor": actor,
         "collection": collection,
         "machine_ceiling_two_processes": ceiling,
-        "ratios": {
-            "worker_inprocess_ppo_over_raw": round(single["worker_inprocess_ppo"]["steps_per_second"] / raw_rate, 3),
-            "worker_inprocess_dqn_over_raw": round(single["worker_inprocess_dqn"]["steps_per_second"] / raw_rate, 3),
-            "worker_actor_ppo_over_raw": round(actor["worker_actor_ppo"]["steps_per_second"] / raw_rate, 3),
-            "worker_actor_dqn_over_raw": round(actor["worker_actor_dqn"]["steps_per_second"] / raw_rate, 3),
-            "collection_k2_over_k1": {label: res["k2_over_k1"] for label, res in collection.items()},
-            "machine_two_processes_over_one": ceiling["two_over_one"] if ceiling else None,
-            f"batched_{big}_worker_ppo_over_raw_kuberl_batched": round(
-                batched["worker_inprocess_ppo"]["steps_per_second"] / batched["raw_kuberl_batched"]["steps_per_second"], 3),
-            f"batched_{big}_worker_ppo_over_raw_gymnasium_vector": round(
-                batched["worker_inprocess_ppo"]["steps_per_second"]
-                / batched["raw_gymnasium_vector_entry_point"]["steps_per_second"], 3),
-        },
+        "ratios": ratios(single, batched, big, actor, collection, ceiling),
         "targets": {"one_worker_at_least_half_of_raw": 0.5, "k2_over_k1_at_least": 1.6},
         "wall_seconds": round(time.perf_counter() - t_all, 1),
         "argv": sys.argv[1:],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.output, result)
     print(json.dumps(result["ratios"], indent=1))
     print(f"wrote {args.output}")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -30,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import RESULTS, free_port, load_average, machine, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
 ENV_ID = "kuberl.trainer.envs.latency:LatencyEnv"
 
@@ -68,7 +67,7 @@ def measure(k_values: list[int], envs: int, steps: int, rounds: int, step_second
             raise RuntimeError(f"only {len(workers.ready())} of {k} workers started")
         nodes = set()
         collected, elapsed = 0, 0.0
-        load0 = os.getloadavg()[0]
+        load0 = load_average()[0]
         for r in range(rounds + 1):  # round 0 warms up
             ref = ray.put(weights)
             t0 = time.perf_counter()
@@ -81,7 +80,7 @@ def measure(k_values: list[int], envs: int, steps: int, rounds: int, step_second
         workers.shutdown()
         row = {"k": k, "env_steps": collected, "seconds": round(elapsed, 3),
                "steps_per_second": round(collected / elapsed, 1), "actor_start_seconds": round(start_seconds, 2),
-               "nodes": len(nodes), "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+               "nodes": len(nodes), "loadavg": [load0, load_average()[0]]}
         ideal_one = envs / step_seconds
         row["vs_ideal"] = round(row["steps_per_second"] / (k * ideal_one), 3)
         out.append(row)
@@ -107,23 +106,17 @@ def run_local(a) -> list[dict[str, Any]]:
         ray.shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_cluster(a) -> list[dict[str, Any]]:
     """A head (no CPU, no rollout slot) and two worker nodes with max(k)/2 slots each, all `ray start`."""
     import ray
 
     from kuberl.trainer.workers import start_ray
 
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=100000000"]
+    node_args = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=100000000"]
     procs = [subprocess.Popen([RAY_BIN, "start", "--head", f"--port={port}", "--num-cpus=0",
-                               "--include-dashboard=false", *common], env=env, start_new_session=True,
+                               "--include-dashboard=false", *node_args], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         deadline = time.monotonic() + 120
@@ -136,7 +129,7 @@ def run_cluster(a) -> list[dict[str, Any]]:
             time.sleep(0.5)
         half = max(max(a.k) // 2, 1)
         worker_cmd = [RAY_BIN, "start", f"--address=127.0.0.1:{port}", f"--num-cpus={half}",
-                      f'--resources={{"rollout_slot": {half}}}', *common]
+                      f'--resources={{"rollout_slot": {half}}}', *node_args]
         start_ray(f"127.0.0.1:{port}", 0)
         # One worker node at a time (two starting at once on one machine can race for a port), and a
         # `ray start` that exits is started again, as a restarted worker pod would be.
@@ -172,9 +165,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--step-seconds", type=float, default=0.02, help="the simulator's wait per batch step")
     p.add_argument("--modes", nargs="+", default=["local", "cluster"], choices=["local", "cluster"])
-    p.add_argument("--output", type=Path, default=REPO / "bench" / "results" / "scaling.json")
+    p.add_argument("--output", type=Path, default=RESULTS / "scaling.json")
     a = p.parse_args()
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     results: dict[str, Any] = {}
     for mode in a.modes:
         print(f"{mode}:", flush=True)
@@ -191,14 +184,12 @@ def main() -> None:
                 "ideal_per_worker_steps_per_second": a.envs / a.step_seconds},
         "round": {"steps_per_env": a.steps, "rounds": a.rounds, "warmup_rounds": 1},
         "efficiency": "throughput(k) / (k x throughput(1)); vs_ideal: throughput(k) / (k x envs / step_seconds)",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_before": load_before,
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                    "note": "shared 2-core machine: the load averages say how busy it was"},
+        "machine": machine(loadavg_before=load_before, loadavg_after=load_average(),
+                           note="shared 2-core machine: the load averages say how busy it was"),
         "argv": sys.argv[1:], "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "results": results, "target_k16": target,
     }
-    a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(a.output, out)
     print(json.dumps(target, indent=1))
     print(f"wrote {a.output}")
 

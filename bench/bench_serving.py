@@ -17,8 +17,9 @@ ONNX Runtime and TorchScript, at batch 1 and 64 — the evidence for the numpy r
     .venv/bin/python bench/bench_serving.py [--run-dir cartpole=runs/cartpole-ppo ...] [--seconds 5] \
         [--ray-python /work/bench-venvs/rayserve/bin/python] [--output bench/results/serving.json]
 
-Without --run-dir, each policy is a checkpoint of the example job's network shape with random weights
-(latency depends on the shape, not on the weights). The load average is recorded before every run.
+Without --run-dir, each policy comes from a short `kuberl train` of the example job (--max-env-steps
+2000, a minute or less): the example's network, barely trained (latency depends on the shape, not on
+the weights). The load average is recorded before every run.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,8 +40,9 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np
+from common import EXAMPLES, REPO, RESULTS, free_port, load_average, machine, write_json
 
-REPO = Path(__file__).resolve().parents[1]
+KUBERL = REPO / ".venv" / "bin" / "kuberl"
 RAY_PYTHON = "/work/bench-venvs/rayserve/bin/python"
 POLICIES = {"cartpole": "cartpole-ppo", "autoscaling": "autoscaling-dqn"}
 OBSERVATIONS = {  # one realistic observation per policy, sent by every client
@@ -123,7 +123,7 @@ def load(port: int, path: str, body: dict[str, Any], clients: int, seconds: floa
                f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
     latencies: list[float] = []
     errors: list[str] = []
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
 
     async def run() -> None:
         start_at = time.perf_counter() + warmup
@@ -140,12 +140,6 @@ def load(port: int, path: str, body: dict[str, Any], clients: int, seconds: floa
 
 
 # ---- servers --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(port: int, path: str, timeout: float, proc: subprocess.Popen) -> None:
@@ -166,7 +160,7 @@ def wait_http(port: int, path: str, timeout: float, proc: subprocess.Popen) -> N
 
 def start_kuberl(artifact: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "kuberl"), "serve", str(artifact), "--port", str(port)],
+    proc = subprocess.Popen([str(KUBERL), "serve", str(artifact), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_http(port, "/v2/health/ready", 60, proc)
     return proc, port
@@ -210,10 +204,18 @@ def stop(proc: subprocess.Popen, group: bool = False) -> None:
 # ---- policies and forward-pass timings ----------------------------------------------------------------
 
 
+def short_run(example: str, run_dir: Path, env_steps: int = 2000) -> None:
+    """A run directory as `kuberl train` leaves it, from `env_steps` of the example job."""
+    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([str(KUBERL), "train", str(EXAMPLES / f"{example}.yaml"), "--run-dir", str(run_dir),
+                           "--max-env-steps", str(env_steps), "--no-progress", "--metrics-port", "0"],
+                          env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kuberl train {example} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
 def make_artifacts(run_dirs: dict[str, Path], work: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    sys.path.insert(0, str(REPO / "tests"))
     from kuberl.trainer.serving.export import export
-    from test_serving import make_run
 
     out = {}
     for name in names:
@@ -222,7 +224,7 @@ def make_artifacts(run_dirs: dict[str, Path], work: Path, names: list[str]) -> d
         trained = run_dir is not None
         if run_dir is None:
             run_dir = work / example
-            make_run(example, run_dir)
+            short_run(example, run_dir)
         artifact = export(run_dir, work / f"{name}-policy", fmt="onnx")
         out[name] = {"artifact": artifact, "run_dir": str(run_dir), "trained": trained}
     return out
@@ -235,19 +237,18 @@ def main() -> int:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run (after a 2 s warm-up)")
     parser.add_argument("--ray-python", default=RAY_PYTHON, help="python of the Ray Serve virtualenv ('' to skip)")
-    parser.add_argument("--output", default=str(REPO / "bench" / "results" / "serving.json"))
+    parser.add_argument("--output", default=str(RESULTS / "serving.json"))
     args = parser.parse_args()
     run_dirs = {k: Path(v) for k, v in (item.split("=", 1) for item in args.run_dir)}
     work = Path(tempfile.mkdtemp(prefix="kuberl-serving-bench-"))
     policies = make_artifacts(run_dirs, work, args.policies)
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine(loadavg_start=load_average()),
         "command": "bench/bench_serving.py " + " ".join(sys.argv[1:]),
         "policies": {}, "forward_pass": {},
     }
     for name, info in policies.items():
-        print(f"[{time.strftime('%H:%M:%S')}] {name}: forward-pass timings (load {os.getloadavg()[0]:.2f})", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {name}: forward-pass timings (load {load_average()[0]})", flush=True)
         results["forward_pass"][name] = forward_timings(info["artifact"], Path(info["run_dir"]), OBSERVATIONS[name])
         results["policies"][name] = {"run_dir": info["run_dir"], "trained": info["trained"], "servers": {}}
     # Every kuberl run first, then Ray Serve's: Ray's own processes (GCS, raylet, proxy, replica) load the
@@ -279,9 +280,9 @@ def main() -> int:
                 print(f"  {name} ray-serve  {clients:>2} clients: {servers['ray-serve'][-1]}", flush=True)
         finally:
             stop(proc, group=True)
-    results["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    results["machine"]["loadavg_end"] = load_average()
     results["targets"] = targets(results)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.output, results, indent=2)
     print(json.dumps(results["targets"], indent=2))
     return 0
 

@@ -29,8 +29,7 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
-import yaml
-
+from common import RESULTS, example_job, load_average, machine, write_json
 from kuberl.api.load import parse_job
 from kuberl.trainer.checkpoint import load_latest
 from kuberl.trainer.envs.tictactoe import encode, winner
@@ -39,8 +38,6 @@ from kuberl.trainer.policies import QPolicy
 from kuberl.trainer.run import TrainOptions, train
 from kuberl.trainer.spaces import SpaceInfo
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "examples" / "tictactoe-dqn.yaml"
 SEED = {
     "source": "shared/seeds/000_8cb1ae3072f78aaa.txt (12-vCPU Paperspace C7)",
     "wall_clock_seconds": {"k=1": 295.8, "k=12": 228.6},
@@ -126,10 +123,10 @@ class CpuMeter:
 
 
 def run_one(workers: int, run_dir: Path, max_episodes: int | None) -> dict:
-    job = parse_job(yaml.safe_load(EXAMPLE.read_text()))
+    job = parse_job(example_job("tictactoe-dqn"))
     if max_episodes is not None:
         job.spec.stopping.max_episodes = max_episodes
-    load_before = os.getloadavg()
+    load_before = load_average()
     cpu = CpuMeter()
     t0 = time.perf_counter()
     result = train(job, TrainOptions(run_dir=run_dir, workers=workers, metrics_port=0, progress=False,
@@ -155,8 +152,8 @@ def run_one(workers: int, run_dir: Path, max_episodes: int | None) -> dict:
         "worker_wait_seconds": round(c.worker_wait, 2),
         "suites": suites,
         "exact_vs_random": {"first": exact_vs_random(policy, True), "second": exact_vs_random(policy, False)},
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
     }
 
 
@@ -174,7 +171,7 @@ def verdict(run: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--output", default=str(REPO / "bench" / "results" / "tictactoe.json"))
+    parser.add_argument("--output", default=str(RESULTS / "tictactoe.json"))
     parser.add_argument("--max-episodes", type=int, help="override the example's 100k (quick checks only)")
     args = parser.parse_args()
     runs = []
@@ -187,14 +184,13 @@ def main() -> None:
     out = {
         "benchmark": "Tic-Tac-Toe DQN, 100k training episodes (examples/tictactoe-dqn.yaml)",
         "command": "bench/bench_tictactoe.py",
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "note": "cores shared with other work; see load_average_* per run"},
+        "machine": machine(processor=platform.processor() or platform.machine(), torch=torch.__version__,
+                           note="cores shared with other work; see load_average_* per run"),
         "seed": SEED,
         "targets": TARGETS,
         "runs": runs,
     }
-    Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.output, out, indent=2)
     print(f"wrote {args.output}")
 
 

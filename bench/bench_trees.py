@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,8 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULT_PREFIX = "BENCH_RESULT "  # bench/peers/protocol.py's
+from common import REPO, RESULT_PREFIX, load_average, machine, stats, write_json
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -48,7 +45,7 @@ def _python(tree: Path) -> str:
 
 
 def cartpole(tree: Path, seed: int) -> dict[str, Any]:
-    load = [round(x, 2) for x in os.getloadavg()]
+    load = load_average()
     proc = subprocess.run([_python(tree), str(tree / "bench" / "bench_cartpole.py"), "--one", "kuberl-cli",
                            "--seed", str(seed)], cwd=tree, env=_env(tree), capture_output=True, text=True,
                           timeout=900, check=False)
@@ -62,7 +59,7 @@ def cartpole(tree: Path, seed: int) -> dict[str, Any]:
 
 
 def tictactoe(tree: Path) -> list[dict[str, Any]]:
-    load = [round(x, 2) for x in os.getloadavg()]
+    load = load_average()
     with tempfile.TemporaryDirectory(prefix="bench-trees-") as tmp:
         output = Path(tmp) / "tictactoe.json"
         proc = subprocess.run([_python(tree), str(tree / "bench" / "bench_tictactoe.py"), "--output", str(output)],
@@ -76,22 +73,15 @@ def tictactoe(tree: Path) -> list[dict[str, Any]]:
     return [{**{k: run.get(k) for k in keep}, "loadavg_start": load} for run in runs]
 
 
-def _stats(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "n": len(values)}
-
-
 def summarize(runs: dict[str, dict[str, list]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, by in runs.items():
         ttt = by["tictactoe"]
         out[name] = {
-            "cartpole_command_wall_seconds": _stats([r["command_wall_seconds"] for r in by["cartpole"]]),
-            "cartpole_train_seconds": _stats([r["train_seconds_total"] for r in by["cartpole"]]),
+            "cartpole_command_wall_seconds": stats([r["command_wall_seconds"] for r in by["cartpole"]]),
+            "cartpole_train_seconds": stats([r["train_seconds_total"] for r in by["cartpole"]]),
             "cartpole_solved": f"{sum(bool(r['solved']) for r in by['cartpole'])}/{len(by['cartpole'])}",
-            **{f"tictactoe_k{k}_{key}": _stats([r[key] for r in ttt if r["workers"] == k])
+            **{f"tictactoe_k{k}_{key}": stats([r[key] for r in ttt if r["workers"] == k])
                for k in sorted({r["workers"] for r in ttt})
                for key in ("training_wall_clock_seconds", "episodes_per_second")},
         }
@@ -106,7 +96,7 @@ def paired(runs: dict[str, dict[str, list]], reference: str, other: str) -> dict
     ratios = [b["command_wall_seconds"] / a["command_wall_seconds"] for a, b in pairs]
     return {"seeds": len(pairs),
             "same_env_steps": sum(a["env_steps_total"] == b["env_steps_total"] for a, b in pairs),
-            f"command_wall_seconds_ratio_{other}_over_{reference}": _stats(ratios)}
+            f"command_wall_seconds_ratio_{other}_over_{reference}": stats(ratios)}
 
 
 def report(runs: dict[str, dict[str, list]], argv: list[str], trees: dict[str, Any], seconds: float) -> dict:
@@ -121,8 +111,7 @@ def report(runs: dict[str, dict[str, list]], argv: list[str], trees: dict[str, A
         "benchmark": "the same benchmarks on two source trees, run alternately (bench/bench_trees.py)",
         "argv": argv,
         "trees": trees,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "note": "cores shared with other work: each run records loadavg_start"},
+        "machine": machine(note="cores shared with other work: each run records loadavg_start"),
         "wall_seconds": round(seconds, 1),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "summary": summary,
@@ -155,8 +144,7 @@ def main() -> None:
             print(f"tictactoe {name} round {i}: " + ", ".join(
                 f"k={r['workers']} {r['training_wall_clock_seconds']} s" for r in res), flush=True)
     result = report(runs, sys.argv[1:], {name: str(path) for name, path in trees.items()}, time.perf_counter() - t0)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.output, result)
     print(json.dumps({k: result[k] for k in ("summary", "median_ratios", "cartpole_paired_by_seed")}, indent=1))
 
 

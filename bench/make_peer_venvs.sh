@@ -5,9 +5,9 @@
 #   rllib  torch==2.13.0 (CPU wheel), then ray[rllib]==2.60.0 + gymnasium
 # torch is installed first and pinned so the peer's own `torch` requirement is already met and pip
 # never pulls a multi-GB CUDA build. Re-running is cheap: an existing venv is only topped up.
-#   bash bench/peers/make_venvs.sh [sb3|rllib]...     (default: both)
+#   bash bench/make_peer_venvs.sh [sb3|rllib]...     (default: both)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=torch==2.13.0
 targets=("$@")

@@ -1,8 +1,8 @@
 """Stable-Baselines3 PPO or DQN on CartPole-v1 with rl-baselines3-zoo's tuned hyperparameters,
-timed by the shared protocol (peers/protocol.py). Runs in bench/.venvs/sb3 (peers/make_venvs.sh).
+timed by the shared protocol (common.py). Runs in bench/.venvs/sb3 (make_peer_venvs.sh).
 
-    bench/.venvs/sb3/bin/python bench/peers/sb3_cartpole.py --algo ppo --seed 0
-    bench/.venvs/sb3/bin/python bench/peers/sb3_cartpole.py --algo dqn --seed 0 --hold --budget-steps 300000
+    bench/.venvs/sb3/bin/python bench/peer_sb3_cartpole.py --algo ppo --seed 0
+    bench/.venvs/sb3/bin/python bench/peer_sb3_cartpole.py --algo dqn --seed 0 --hold --budget-steps 300000
 
 Prints one `BENCH_RESULT {json}` line at the end.
 """
@@ -10,15 +10,11 @@ Prints one `BENCH_RESULT {json}` line at the end.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np
 import torch
-from protocol import SolveClock, emit, greedy_eval
+from common import SolveClock, emit, greedy_eval
 from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env

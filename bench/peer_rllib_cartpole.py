@@ -1,7 +1,7 @@
 """RLlib PPO on CartPole-v1 with the settings of RLlib's own CartPole PPO example, timed by the shared
-protocol (peers/protocol.py). Runs in bench/.venvs/rllib (peers/make_venvs.sh).
+protocol (common.py). Runs in bench/.venvs/rllib (make_peer_venvs.sh).
 
-    bench/.venvs/rllib/bin/python bench/peers/rllib_cartpole.py --env-runners 1 --seed 0
+    bench/.venvs/rllib/bin/python bench/peer_rllib_cartpole.py --env-runners 1 --seed 0
 
 Prints one `BENCH_RESULT {json}` line at the end. Ray start-up (ray.init) and building the algorithm
 (env-runner actors, learner) are timed separately and are off the time-to-solve clock, which starts
@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import numpy as np
 import ray
 import torch
-from protocol import SolveClock, emit, greedy_eval
+from common import SolveClock, emit, greedy_eval
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.metrics import (
