@@ -12,11 +12,11 @@ one core (the first of its affinity):
   - worker: one RolloutWorker (plain class) on the batched env, `sample_offpolicy` with the DQN
     policy of the env's example job (64 steps per call, new weights every call, as in training);
   - single env: one env made as evaluation and SyncVectorEnv make theirs (`rollout.make_env`),
-    stepped alone with random legal actions; also as steps per CPU second of this process
-    (`single_env_cpu`, measured after the turns), which the shared cores' load disturbs less.
-    Tic-Tac-Toe's self-play opponent is a frozen copy of that policy in all four.
+    stepped alone with random legal actions.
 Measured in turns (reference, batched, worker, single, repeated), the median of `--repeats` rounds;
-the load average is recorded (the machine is shared).
+the load average is recorded (the machine is shared). Then batched and single env again, as steps per
+CPU second of this process (`*_cpu`), which other work on the shared cores disturbs less.
+Tic-Tac-Toe's self-play opponent is a frozen copy of that policy in all four.
 """
 
 from __future__ import annotations
@@ -163,7 +163,8 @@ def main() -> None:
     for env_id in EXAMPLE_JOBS:
         fns = steppers(env_id, args.envs)
         rates = interleaved_rates(fns, args.seconds, args.repeats)
-        rates["single_env_cpu"] = cpu_rates(fns["single_env"], args.seconds, args.repeats)
+        for name in ("batched", "single_env"):
+            rates[f"{name}_cpu"] = cpu_rates(fns[name], args.seconds, args.repeats)
         ref, bat = rates["reference_sync_vector_env"]["steps_per_second"], rates["batched"]["steps_per_second"]
         rates["batched_over_reference"] = round(bat / ref, 2)
         rates["worker_over_batched_raw"] = round(rates["worker_on_batched"]["steps_per_second"] / bat, 3)
