@@ -1,7 +1,7 @@
 """`kubectl apply` on the one-node cluster against `kuberl train` on the same machine, same job.
 
 For `examples/cartpole-ppo.yaml` (seeded, 2 workers x 8 envs, stop at mean return 475) it times,
-on the one-node bed the end-to-end tests use (tests/cluster_bed.py, reached through
+on the one-node bed the end-to-end tests use (tests/bed/cluster_bed.py, reached through
 common.from_tests: API emulator, node agent running every pod as a podman container of the real
 trainer image, the operator's pod from the chart):
 
@@ -148,7 +148,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS / "cluster.json"))
     args = parser.parse_args()
-    cluster_bed = from_tests("cluster_bed")
+    cluster_bed = from_tests("bed.cluster_bed")
     build = cluster_bed.ensure_images()
     cluster_runs, local_runs = [], []
     with (tempfile.TemporaryDirectory() as tmp,

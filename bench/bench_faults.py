@@ -2,7 +2,7 @@
 orphans (bench/results/faults.json).
 
 It runs tests/test_e2e_faults.py (the same code as CI: every fault on a job mid-training on the
-one-node bed of tests/cluster_bed.py), which writes one row per fault when KUBERL_FAULTS_RESULTS
+one-node bed of tests/bed/cluster_bed.py), which writes one row per fault when KUBERL_FAULTS_RESULTS
 names a file. A fault whose test fails has no row; the test's output says why.
 
     .venv/bin/python bench/bench_faults.py          # -> bench/results/faults.json, and the table

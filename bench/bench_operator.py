@@ -1,7 +1,7 @@
 """Operator latency and memory on the API emulator: job created -> all k+2 pods created.
 
 Runs the real `kuberl-operator` command (its own process, default intervals) against the test
-suite's emulated API server (tests/k8s_emulator.py, reached through common.from_tests; in this
+suite's emulated API server (tests/bed/k8s_emulator.py, reached through common.from_tests; in this
 process), watches pods with the `kubernetes` client, and measures:
   1. for k = 1, 4, 12 rollout workers: time from a job's create request to the moment its last
      pod (head, learner, k workers) exists, over --jobs jobs created one after another;
@@ -232,7 +232,7 @@ def main() -> int:
     parser.add_argument("--output", default=str(RESULTS / "operator.json"))
     args = parser.parse_args()
 
-    k8s = from_tests("k8s_emulator")
+    k8s = from_tests("bed.k8s_emulator")
     emulator = k8s.KubernetesApiEmulator(
         crds=k8s.load_crds(), namespaces=["default", NS],
         extra_resources={NETWORK_POLICIES: kmock.ResourceInfo(

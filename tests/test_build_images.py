@@ -1,6 +1,6 @@
 """scripts/build-images without building anything: --help, and --dry-run's engine commands.
 
-The images themselves are built by the end-to-end tests (tests/cluster_bed.py) through the script."""
+The images themselves are built by the end-to-end tests (tests/bed/cluster_bed.py) through the script."""
 
 from __future__ import annotations
 

@@ -258,7 +258,7 @@ def operator_on_emulated_cluster(tmp_path: Path, job: dict, port: int):
     Yields the cluster. There is no kubelet: the caller marks pods Running as one would. The
     emulator serves no NetworkPolicies, so the operator creates none.
     """
-    from k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
+    from bed.k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
 
     namespace = job["metadata"]["namespace"]
     emulator = KubernetesApiEmulator(crds=load_crds(), namespaces=["default", namespace])

@@ -1,7 +1,7 @@
 """
 The cluster path, executed: the real images, the operator from its image, every pod a real container.
 
-One bed per module (tests/cluster_bed.py): the API emulator, a node agent running pods as podman
+One bed per module (tests/bed/cluster_bed.py): the API emulator, a node agent running pods as podman
 containers on the bed's own network, the chart's CRD and RBAC applied with kubectl, the operator's
 Deployment pod from the chart, and Debian's Prometheus discovering pods by their annotations. Each
 test then acts as a user with kubectl only, and checks what the user would: columns in
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_bed import OneNodeCluster, bed_for_tests
-from node_agent import wait_until
+from bed.cluster_bed import OneNodeCluster, bed_for_tests
+from bed.node_agent import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "ml-jobs"
@@ -231,7 +231,7 @@ except Exception as err:
 def _stranger(bed: OneNodeCluster, script: str, *args: str, env: dict[str, str] | None = None) -> str:
     """Run a Python script in a container of the trainer image on the bed's pod network: any other pod of
     the cluster, not one of the job's."""
-    from cluster_bed import TRAINER_IMAGE
+    from bed.cluster_bed import TRAINER_IMAGE
 
     env_args = [a for k, v in (env or {}).items() for a in ("--env", f"{k}={v}")]
     result = bed.podman("run", "--rm", "--network", bed.network, "--user", "1000", *env_args,

@@ -1,5 +1,5 @@
 """
-Many jobs at once. Three real jobs train side by side on the one-node bed (tests/cluster_bed.py, every
+Many jobs at once. Three real jobs train side by side on the one-node bed (tests/bed/cluster_bed.py, every
 pod a podman container) and each ends with its own status, metrics and checkpoints, nothing crossed
 over; fifty jobs on the API emulator alone (kopf for real, the test as the kubelet, as in
 test_operator_integration.py) reconcile with no error and exactly one of each pod.
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from cluster_bed import bed_for_tests
-from node_agent import wait_until
+from bed.cluster_bed import bed_for_tests
+from bed.node_agent import wait_until
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_operator_integration import NS as EMULATOR_NS

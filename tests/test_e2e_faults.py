@@ -1,6 +1,6 @@
 """
 Faults on real containers: each test breaks one thing while a job is mid-training on the one-node bed
-(tests/cluster_bed.py) and checks what a user relies on: the job still reaches Complete, the episode
+(tests/bed/cluster_bed.py) and checks what a user relies on: the job still reaches Complete, the episode
 and env-step counters never go backwards (a restarted learner resumes exactly at its checkpoint's
 counters), at most one checkpoint interval's env steps are lost, the conditions and Events say what
 happened, and no pod or container is left over or duplicated.
@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_bed import BED_LABEL, OneNodeCluster, bed_for_tests
-from node_agent import wait_until
+from bed.cluster_bed import BED_LABEL, OneNodeCluster, bed_for_tests
+from bed.node_agent import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 NS = "ml-faults"

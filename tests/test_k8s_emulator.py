@@ -16,10 +16,10 @@ import kopf
 import kubernetes
 import pytest
 import yaml
-from k8s_emulator import default_crd, load_crds
+from bed.k8s_emulator import default_crd, load_crds
 from kubernetes.client.exceptions import ApiException
 
-pytest_plugins = ["k8s_fixtures"]  # k8s_cluster, k8s_api, run_kopf
+pytest_plugins = ["bed.k8s_fixtures"]  # k8s_cluster, k8s_api, run_kopf
 
 GROUP, VERSION, PLURAL = "kuberl.dev", "v1alpha1", "rltrainingjobs"
 NS = "kuberl-test"  # the k8s_namespace fixture's default

@@ -20,7 +20,7 @@ import kmock
 import pytest
 import yaml
 from conftest import REPO
-from k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
 from kuberl.api.load import InvalidJob, load_job_file
 from kuberl.operator import lifecycle
 from kuberl.operator.builders import BuildOptions
@@ -97,7 +97,7 @@ def test_malformed_job_is_refused_naming_field_value_and_what_is_allowed(path, c
 def refused(tmp_path_factory) -> Iterator[tuple[EmulatedCluster, dict[str, dict]]]:
     """One API emulator and one operator; every malformed job created at once, each waited for until Failed."""
     import kubernetes
-    from k8s_fixtures import run_kopf_in_thread
+    from bed.k8s_fixtures import run_kopf_in_thread
     from kuberl.operator.handlers import build_registry, memo_for
     from kuberl.operator.metrics import OperatorMetrics
     from kuberl.operator.runtime import OperatorConfig, Runtime

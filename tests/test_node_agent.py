@@ -1,5 +1,5 @@
 """
-The test bed's node agent (tests/node_agent.py) does what a kubelet does, checked on real containers.
+The test bed's node agent (tests/bed/node_agent.py) does what a kubelet does, checked on real containers.
 
 Every pod here runs as a podman container of the operator image (it has a Python and a shell); the
 agent watches the API emulator over HTTP and writes status back the way a kubelet would. These are
@@ -13,9 +13,9 @@ import json
 import time
 
 import pytest
-from cluster_bed import OPERATOR_IMAGE, require_podman_and_images
-from k8s_emulator import EmulatedCluster, KubernetesApiEmulator
-from node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
+from bed.cluster_bed import OPERATOR_IMAGE, require_podman_and_images
+from bed.k8s_emulator import EmulatedCluster, KubernetesApiEmulator
+from bed.node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -205,7 +205,7 @@ def test_a_missing_claim_fails_the_pod_with_the_reason(node):
 
 
 def test_http_sd_targets_carry_the_labels_kubernetes_sd_gives_a_pod():
-    from cluster_bed import pod_targets
+    from bed.cluster_bed import pod_targets
 
     pods = [{"metadata": {"name": "j-learner", "namespace": "ml", "uid": "u1",
                           "labels": {"kuberl.dev/job-name": "j"},

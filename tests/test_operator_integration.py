@@ -18,7 +18,7 @@ from typing import Any
 import kmock
 import pytest
 import yaml
-from k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
 from kuberl.operator import rbac
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.handlers import build_registry, memo_for
@@ -79,7 +79,7 @@ def start_operator(cluster) -> Callable[..., contextlib.AbstractContextManager[O
     @contextlib.contextmanager
     def start(metrics: OperatorMetrics | None = None, **config: Any) -> Iterator[Operator]:
         # Imported here: a module-level import would pre-empt pytest registering it as a plugin elsewhere.
-        from k8s_fixtures import run_kopf_in_thread
+        from bed.k8s_fixtures import run_kopf_in_thread
 
         config.setdefault("reconcile_interval", 0.5)
         config.setdefault("idle_interval", 0.5)

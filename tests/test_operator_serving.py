@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import kmock
 import kubernetes_validate
 import pytest
-from k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
 from kuberl.api.load import InvalidJob, parse_job
 from kuberl.operator import builders, names
 from kuberl.operator.builders import BuildOptions
@@ -135,7 +135,7 @@ def cluster(tmp_path, monkeypatch) -> Iterator[EmulatedCluster]:
 
 
 def test_operator_creates_the_serving_deployment_and_service_once_the_job_succeeds(cluster, job_dict):
-    from k8s_fixtures import run_kopf_in_thread
+    from bed.k8s_fixtures import run_kopf_in_thread
     from kuberl.operator import rbac
     from kuberl.operator.handlers import build_registry, memo_for
     from kuberl.operator.runtime import OperatorConfig, Runtime

@@ -32,10 +32,10 @@ from typing import Any
 
 import kmock
 import yaml
-from k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, write_kubeconfig
-from node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
+from .k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, write_kubeconfig
+from .node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kuberl-operator"
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"

@@ -1,7 +1,7 @@
 """
 pytest fixtures for tests that need a Kubernetes API, and a helper that runs kopf for real.
 
-`k8s_cluster` starts the emulated API server (tests/k8s_emulator.py) and points every client at
+`k8s_cluster` starts the emulated API server (tests/bed/k8s_emulator.py) and points every client at
 it: $KUBECONFIG, $KUBECACHEDIR and the `kubernetes` package's frozen default kubeconfig path.
 Override `k8s_namespace` or `k8s_crds` in a test module to change what it serves.
 `run_kopf_in_thread` runs an operator (a module, or a kopf.OperatorRegistry) against it.
@@ -23,7 +23,7 @@ import attrs
 import kopf
 import kubernetes
 import pytest
-from k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
+from .k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
 
 __all__ = [
     "KopfOperator",

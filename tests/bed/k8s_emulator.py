@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 Body = dict[str, Any]
 ObjectKey = tuple[kmock.resource, str | None, str]  # (resource, namespace or None, name)
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_CRD_PATH = REPO_ROOT / "crds" / "rltrainingjob.yaml"
 
 # --------------------------------------------------------------------------------------------------
@@ -622,6 +622,14 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     handling lacks what kopf/kubectl need (see the module docstring), so every API request is
     served here. `extra_resources` serves more kinds: {'apps/v1/deployments': ResourceInfo(...)}.
 
+    Objects and resources are reached through KMock's public API only (`objects`, `resources`,
+    `history.append`, `delete`). The request entry point cannot be: KMock 0.8's own parser fails on
+    `/api/v1/namespaces`, so `__call__` parses here and then does what KMock's does with its private
+    members, which have no public counterpart: records the request in `_requests` (`len(self)` would
+    copy the whole list per request), tries the tests' reactions (`_payloads`, `RawHandler._handle`)
+    before the emulation, and renders errors as a Status (`_render_error`). Watches, logs and
+    Tables answer on the aiohttp request itself (`Request._raw_request`: streaming, Accept header).
+
     Store methods (`create_object`, `update_object`, ...) are synchronous and must run on the
     server's event loop: being free of awaits, each one is atomic towards watches and other
     requests. From another thread, use `EmulatedCluster`, which schedules them on that loop.
@@ -630,7 +638,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
     crds: Sequence[Mapping[str, Any]] = ()
     namespaces: Sequence[str] = ("default",)
     extra_resources: Mapping[str | kmock.resource, kmock.ResourceInfo] = attrs.field(factory=dict)
-    #: With a node agent (tests/node_agent.py) attached: a pod bound to a node is deleted gracefully, as
+    #: With a node agent (tests/bed/node_agent.py) attached: a pod bound to a node is deleted gracefully, as
     #: on a real server (deletionTimestamp set, the kubelet stops its containers and then removes it).
     graceful_pod_deletion: bool = False
     #: `GET pods/{name}/log` (kubectl logs): an async callable (namespace, name, query) -> an async
