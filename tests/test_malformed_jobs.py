@@ -19,8 +19,8 @@ from pathlib import Path
 import kmock
 import pytest
 import yaml
-from conftest import REPO
 from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from conftest import REPO
 from kuberl.api.load import InvalidJob, load_job_file
 from kuberl.operator import lifecycle
 from kuberl.operator.builders import BuildOptions

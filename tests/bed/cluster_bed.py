@@ -32,6 +32,7 @@ from typing import Any
 
 import kmock
 import yaml
+
 from .k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, write_kubeconfig
 from .node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
 

@@ -23,6 +23,7 @@ import attrs
 import kopf
 import kubernetes
 import pytest
+
 from .k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
 
 __all__ = [
