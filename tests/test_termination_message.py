@@ -60,5 +60,5 @@ def test_the_learner_pod_says_where_to_write_it(monkeypatch):
                      "spec": {"algorithm": {"name": "PPO"}, "environment": {"id": "CartPole-v1"},
                               "stopping": {"maxEnvSteps": 1000}}}, source="test")
     (container,) = builders.build_learner_pod(job, builders.BuildOptions())["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}  # (RAY_AUTH_TOKEN comes from a Secret)
     assert env["KUBERL_TERMINATION_MESSAGE_PATH"] == container["terminationMessagePath"] == "/dev/termination-log"
