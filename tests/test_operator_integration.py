@@ -505,6 +505,18 @@ def test_kubectl_apply_get_wait_delete(cluster, operator, job_dict, tmp_path):
 # ---- the command ---------------------------------------------------------------------------------------------
 
 
+def _stop(process) -> str:
+    """SIGTERM the operator process, SIGKILL it if it has not left in 20 s; returns what it printed."""
+    import subprocess
+
+    process.terminate()
+    try:
+        return process.communicate(timeout=20)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[0]
+
+
 def _free_port() -> int:
     import socket
 
@@ -549,12 +561,7 @@ def test_kuberl_operator_command_serves_liveness_and_metrics_and_runs_jobs(clust
                           and 'kuberl_operator_jobs{phase="Starting"} 1.0' in t and t, what="operator metrics")
         assert 'kuberl_operator_child_pods_created_total{component="rollout-worker"} 1.0' in text
     finally:
-        process.terminate()
-        try:
-            output, _ = process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
+        output = _stop(process)
     assert process.returncode == 0, output
 
 
@@ -601,12 +608,7 @@ def test_the_operator_process_never_imports_or_calls_what_a_job_names(cluster, j
         assert st["reason"] == "InvalidSpec" and "did you mean CartPole-v1" in st["message"]
         assert process.poll() is None
     finally:
-        process.terminate()
-        try:
-            output, _ = process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
+        output = _stop(process)
     assert process.returncode == 0, output
     assert [path.name for path in touched.values() if path.exists()] == []
     assert "Traceback" not in output, output

@@ -398,10 +398,7 @@ def _check_head(ps: _Pass) -> None:
         return
     why = (head.why or f"pod phase {head.phase}") if failed and head else "the head pod disappeared"
     limit = ps.job.spec.backoff_limit
-    if ps.restarts_used() >= limit:
-        ps.fail(BACKOFF_LIMIT_EXCEEDED,
-                  f"the Ray head failed ({why}) and backoffLimit ({limit}) restarts are used up "
-                  f"(learner restarts {ps.status.learner_restarts}, head restarts {ps.status.head_restarts})")
+    if _backoff_spent(ps, f"the Ray head failed ({why})"):
         return
     ps.status.head_restarts += 1
     # The Ray cluster is gone: every pod joined to it goes, and all come back in the new epoch.
@@ -414,6 +411,17 @@ def _check_head(ps: _Pass) -> None:
     ps.plan.restarts.append(Component.HEAD)
     ps.set_workers(0)
     ps.done = True
+
+
+def _backoff_spent(ps: _Pass, what: str) -> bool:
+    """Fail the job when backoffLimit restarts (learner and head together) are used up; say whether it did."""
+    assert ps.job is not None
+    limit = ps.job.spec.backoff_limit
+    if ps.restarts_used() < limit:
+        return False
+    ps.fail(BACKOFF_LIMIT_EXCEEDED, f"{what} and backoffLimit ({limit}) restarts are used up "
+            f"(learner restarts {ps.status.learner_restarts}, head restarts {ps.status.head_restarts})")
+    return True
 
 
 def _check_learner(ps: _Pass) -> None:
@@ -432,10 +440,7 @@ def _check_learner(ps: _Pass) -> None:
         return
     why = (learner.why or "pod phase Failed") if failed and learner else "the learner pod disappeared"
     limit = ps.job.spec.backoff_limit
-    if ps.restarts_used() >= limit:
-        ps.fail(BACKOFF_LIMIT_EXCEEDED,
-                  f"the learner failed ({why}) and backoffLimit ({limit}) restarts are used up "
-                  f"(learner restarts {ps.status.learner_restarts}, head restarts {ps.status.head_restarts})")
+    if _backoff_spent(ps, f"the learner failed ({why})"):
         return
     ps.status.learner_restarts += 1
     if learner is not None:
