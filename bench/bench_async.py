@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kuberl.trainer.envs.autoscaling import AutoscalingEnv
+
 from common import (
     RESULTS,
     autoscaling_job,
@@ -37,16 +39,16 @@ from common import (
 )
 
 
-def SlowAutoscaling(step_latency_ms: float = 1.0, **kwargs):  # a function, used as a module:Class env id
+class SlowAutoscaling(AutoscalingEnv):  # used as a module:Class env id, so a gymnasium.Env subclass
     """Autoscaling-v0 whose every step also waits `step_latency_ms`, like a call to a live platform."""
-    from kuberl.trainer.envs.autoscaling import AutoscalingEnv
 
-    class _Slow(AutoscalingEnv):
-        def step(self, action):
-            time.sleep(step_latency_ms / 1000.0)
-            return super().step(action)
+    def __init__(self, step_latency_ms: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step_latency_ms = step_latency_ms
 
-    return _Slow(**kwargs)
+    def step(self, action):
+        time.sleep(self.step_latency_ms / 1000.0)
+        return super().step(action)
 
 
 def main() -> None:
