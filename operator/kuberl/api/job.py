@@ -358,6 +358,12 @@ class Device(str, enum.Enum):
 
 
 class LearnerSpec(_Model):
+    replicas: int = Field(
+        default=1, ge=1, le=64,
+        description="Data-parallel learners: each trains on its shard of every batch and gradients are "
+        "averaged every update (torch.distributed: gloo on CPU, NCCL on GPU). Rank 0 writes checkpoints and "
+        "metrics. Not for QLearning.",
+    )
     device: Device = Field(default=Device.AUTO, description="auto: cuda when available, else cpu.")
     resources: Resources = Field(
         default_factory=lambda: Resources(requests={"cpu": "1", "memory": "2Gi"}, limits={"memory": "4Gi"}),
@@ -608,6 +614,13 @@ class RLTrainingJobSpec(_Model):
                 "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), "
                 "got algorithm.name PPO"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _data_parallel_needs_gradients(self) -> RLTrainingJobSpec:
+        if self.learner.replicas > 1 and self.algorithm.name == AlgorithmName.QLEARNING:
+            raise ValueError("learner.replicas > 1 needs a gradient-based algorithm (PPO, DQN, BDQ), "
+                             "got algorithm.name QLearning (a table has no gradients to average)")
         return self
 
 

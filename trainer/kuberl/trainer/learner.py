@@ -27,6 +27,7 @@ from kuberl.trainer.workers import WorkerSet
 
 if TYPE_CHECKING:  # torch comes with it: train() imports that in a thread of its own, while Ray starts
     from kuberl.trainer.algorithms.base import Algorithm, LearnStats
+    from kuberl.trainer.ddp import LearnerGroup
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Loop:
     ckpt_dir: Path
     stop_signal: dict[str, bool]
     on_iteration: Callable[[dict[str, Any], Loop], None] | None = None
+    learners: LearnerGroup | None = None  # data-parallel learners (`ddp.py`); None: `algo` learns alone
     # The weights last put in Ray's object store, shared by every worker, and their version.
     weights_ref: Any = None
     weights_version: int = -1
@@ -90,7 +92,7 @@ def iterate(loop: Loop, batches: list[dict[str, Any]], max_updates: int | None =
     """One iteration once its batches are in: learn, count, write the row, publish, checkpoint."""
     new_steps = sum(int(b["env_steps"]) for b in batches)
     loop.counters.env_steps += new_steps
-    stats = loop.algo.learn(batches, loop.counters.env_steps, max_updates=max_updates)
+    stats = (loop.learners or loop.algo).learn(batches, loop.counters.env_steps, max_updates=max_updates)
     tally = _count(loop, batches, new_steps, stats)
     # What needs Ray (a cluster's slot count asks its head) comes first, then the row, then the
     # metrics: a learner that dies here (its head gone) must not have published an iteration that

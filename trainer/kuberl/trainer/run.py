@@ -20,6 +20,7 @@ import numpy as np
 import ray
 
 from kuberl.api.job import Device, RLTrainingJob
+from kuberl.api.learner_slots import extra_learners
 from kuberl.trainer.accounting import Counters, publish_restored
 from kuberl.trainer.learner import Loop, checkpoint_when_due, evaluate, run_loop
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
@@ -115,6 +116,7 @@ class _Run:
     metrics_port: int | None
     stop_signal: dict[str, bool] = field(default_factory=lambda: {"set": False})
     workers: WorkerSet | None = None
+    learners: Any = None  # ddp.LearnerGroup, with spec.learner.replicas > 1
     reason: str | None = None  # why training stopped, once it has
     failed: bool = False
     previous_term: Any = None  # the SIGTERM handler to put back
@@ -164,7 +166,7 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
     """Ray (started or joined), the learner, the report's files, the rollout workers: the loop, ready."""
     spec, options = run.job.spec, run.options
     try:
-        ray_seconds = start_ray(options.ray_address, run.replicas)
+        ray_seconds = start_ray(options.ray_address, run.replicas, extra_learners(spec.learner.replicas))
     finally:
         learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
     # After Ray: ray.init installs its own SIGTERM handler (sys.exit), and its core worker a C++
@@ -174,6 +176,8 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
         run.previous_term = signal.signal(signal.SIGTERM, _sigterm_handler(run.stop_signal))
     log.info("ray %s in %.2fs", "joined" if run.cluster else "started", ray_seconds)
     algo, counters = learner.algo, learner.counters
+    if spec.learner.replicas > 1:
+        run.learners = _start_learners(run, algo)
     run.report.open(resumed=counters.iterations > 0)
     publish_restored(run.metrics, counters, run.replicas)
     env_spec = spec.environment
@@ -185,11 +189,20 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
                             spec.seed + 17 * counters.iterations, expected=run.replicas)
     # The loop's clock starts here: a run's wall clock includes starting its rollout workers.
     loop = Loop(run.job, algo, run.workers, run.metrics, run.report, counters, learner.recent_returns,
-                run.ckpt_dir, run.stop_signal, options.on_iteration)
+                run.ckpt_dir, run.stop_signal, options.on_iteration, run.learners)
     run.workers.reconcile(wait_for_all=60.0)
     log.info("%d/%d rollout workers ready", len(run.workers.ready()), run.replicas)
     timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
     return loop, ray_seconds
+
+
+def _start_learners(run: _Run, algo: Any) -> Any:
+    """Ranks 1..N-1 of `spec.learner.replicas`, joined with this process (rank 0)."""
+    import torch
+
+    from kuberl.trainer.ddp import LearnerGroup
+
+    return LearnerGroup.start(run.job.spec, algo, run.cluster, torch.get_num_threads())
 
 
 def _sigterm_handler(stop_signal: dict[str, bool]) -> Callable[[int, Any], None]:
@@ -239,6 +252,8 @@ def _teardown(run: _Run) -> None:
     leaving = run.cluster and run.reason == "signal"
     if run.workers is not None and not leaving:
         run.workers.shutdown()
+    if run.learners is not None:
+        run.learners.shutdown(stop_actors=not leaving)
     if run.options.exit_after and not run.cluster and not run.failed and stop_local_ray_after_exit():
         pass  # the process exits next; the metrics server's thread goes with it
     else:
@@ -275,7 +290,7 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
         torch.set_num_threads(spec.learner.threads)
     elif device.type == "cpu" and not cluster:
         # Rollout workers share this machine's cores; a learner that grabs them all slows everyone.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - replicas))
+        torch.set_num_threads(max(1, ((os.cpu_count() or 1) - replicas) // spec.learner.replicas))
     torch.manual_seed(spec.seed)
     env_spec = spec.environment
     probe = make_env(env_spec.id, env_spec.kwargs, env_spec.max_episode_steps)

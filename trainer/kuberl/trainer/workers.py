@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
 from kuberl.trainer.rollout import RolloutWorker
 from ray.exceptions import RayActorError, RayTaskError
@@ -25,8 +26,9 @@ from ray.exceptions import RayActorError, RayTaskError
 log = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, local_slots: int) -> float:
-    """Start an embedded Ray (or join `address`); returns seconds it took."""
+def start_ray(address: str | None, local_slots: int, local_learners: int = 0) -> float:
+    """Start an embedded Ray (or join `address`) with `local_slots` rollout slots and `local_learners`
+    learner slots (data-parallel learners beyond rank 0); returns seconds it took."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     t0 = time.perf_counter()
     if ray.is_initialized():
@@ -58,7 +60,7 @@ def start_ray(address: str | None, local_slots: int) -> float:
                 ray.init(
                     address="local",  # never join a cluster some other `ray start` left on this machine
                     num_cpus=max(local_slots, os.cpu_count() or 1),
-                    resources=rollout_slots(local_slots),
+                    resources={**rollout_slots(local_slots), **learner_slots(local_learners)},
                     include_dashboard=False,
                     object_store_memory=256 * 1024 * 1024,
                     logging_level=logging.WARNING,

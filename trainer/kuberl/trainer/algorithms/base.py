@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -20,11 +21,25 @@ class LearnStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+class Collectives(Protocol):
+    """What an algorithm asks of its data-parallel peers (`ddp.ProcessGroupCollectives` implements it)."""
+
+    def average_gradients(self, params: list[torch.Tensor]) -> None: ...
+
+    def mean(self, value: float) -> float: ...
+
+
 class Algorithm:
     """Base class. On-policy algorithms learn from fresh batches; off-policy ones from a buffer."""
 
     name = "base"
     on_policy = True
+    # Data-parallel learners (`ddp.py`): this learner's rank, how many there are, and the collectives
+    # that average gradients (and the few figures every rank must agree on) across them. One learner
+    # has none of it, and pays nothing.
+    rank = 0
+    world = 1
+    collectives: Collectives | None = None
 
     def __init__(self, cfg: Any, info: SpaceInfo, device: torch.device, seed: int, total_env_steps: int | None):
         self.cfg, self.info, self.device = cfg, info, device
@@ -57,6 +72,15 @@ class Algorithm:
         """One iteration's update from the workers' batches. `max_updates` (async collection's
         staleness bound, off-policy only) caps this call's gradient updates; the rest stay owed."""
         raise NotImplementedError
+
+    def average_gradients(self, params: Iterable[torch.Tensor]) -> None:
+        """Between backward and the optimizer step: every learner's gradients become their mean."""
+        if self.collectives is not None:
+            self.collectives.average_gradients([p for p in params if p.grad is not None])
+
+    def mean_across_learners(self, value: float) -> float:
+        """`value`'s mean over the learners (a decision every rank must take alike); itself at one."""
+        return value if self.collectives is None else self.collectives.mean(value)
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -79,24 +79,45 @@ class DQN(Algorithm):
     def n_step(self) -> int:
         return self.cfg.n_step
 
-    def updates_due(self, new_env_steps: int, env_steps: int) -> int:
-        """Gradient updates owed for `new_env_steps` fresh steps (none before learningStarts)."""
-        if env_steps < self.cfg.learning_starts or self.buffer.size < self.cfg.batch_size:
+    def updates_due(self, new_env_steps: int, env_steps: int, buffer_size: int | None = None) -> int:
+        """Gradient updates owed for `new_env_steps` fresh steps (none before learningStarts, nor while a
+        replay shard (`buffer_size`, this learner's own by default) holds less than one batch)."""
+        buffer_size = self.buffer.size if buffer_size is None else buffer_size
+        if env_steps < self.cfg.learning_starts or buffer_size < self.cfg.batch_size:
             return 0
         self._steps_since_train += new_env_steps
         calls, self._steps_since_train = divmod(self._steps_since_train, self.cfg.train_frequency)
         return calls * self.cfg.gradient_steps
 
     def learn(self, batches: list[dict[str, Any]], env_steps: int, max_updates: int | None = None) -> LearnStats:
+        new_steps = self.store(batches)
+        updates = self.updates_owed(new_steps, env_steps, max_updates)
+        return self.stats(self.apply_updates(updates), updates, env_steps)
+
+    # learn()'s three steps; data-parallel learners (`ddp.py`) run them on every rank, with the update
+    # count decided once, by rank 0, for all.
+    def store(self, batches: list[dict[str, Any]]) -> int:
+        """The batches into this learner's replay; returns their env steps."""
         new_steps = 0
         for b in batches:
             self.buffer.add(b)
             new_steps += int(b["env_steps"])
-        updates = self.updates_due(new_steps, env_steps) + self._held_back
+        return new_steps
+
+    def updates_owed(self, new_steps: int, env_steps: int, max_updates: int | None = None,
+                     buffer_size: int | None = None) -> int:
+        """This call's gradient updates: those due plus those held back, capped by `max_updates`
+        (async collection's staleness bound); the rest stay owed, so trainFrequency holds."""
+        updates = self.updates_due(new_steps, env_steps, buffer_size) + self._held_back
         self._held_back = 0
-        if max_updates is not None and updates > max_updates:  # owed, not dropped: trainFrequency holds
+        if max_updates is not None and updates > max_updates:
             updates, self._held_back = max_updates, updates - max_updates
-        losses = [self.update() for _ in range(updates)]
+        return updates
+
+    def apply_updates(self, updates: int) -> list[float]:
+        return [self.update() for _ in range(updates)]
+
+    def stats(self, losses: list[float], updates: int, env_steps: int) -> LearnStats:
         return LearnStats(loss=float(np.mean(losses)) if losses else float("nan"), gradient_updates=updates,
                           extra={"epsilon": self.exploration(env_steps), "buffer_size": float(self.buffer.size)})
 
@@ -115,14 +136,17 @@ class DQN(Algorithm):
             return td_targets(q_online_next, q_target_next, batch["rewards"], batch["dones"],
                               batch["discounts"], self.cfg.double_q, batch.get("next_masks"))
 
-    def update(self) -> float:
+    def update(self, batch: dict[str, torch.Tensor] | None = None) -> float:
+        """One gradient update on `batch` (tests give one), else on `batchSize` transitions sampled
+        from this learner's replay."""
         cfg = self.cfg
-        batch = self.buffer.sample(cfg.batch_size, self.generator)
+        batch = self.buffer.sample(cfg.batch_size, self.generator) if batch is None else batch
         target = self.targets(batch)
         predicted = self.q_values_taken(batch["obs"], batch["actions"])
         loss = F.smooth_l1_loss(predicted, target) if cfg.loss == "huber" else F.mse_loss(predicted, target)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.average_gradients(self.q.parameters())
         torch.nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.gradient_updates += 1

@@ -87,6 +87,11 @@ class PPO(Algorithm):
             epoch_kl = []
             for start in range(0, size - mb_size + 1, mb_size):
                 idx = order[start : start + mb_size]
+                adv = data["advantages"][idx]
+                if cfg.normalize_advantages and len(idx) > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                if self.world > 1:  # data-parallel: this learner's share of the minibatch (its stats are global)
+                    idx, adv = idx[self.rank :: self.world], adv[self.rank :: self.world]
                 new_logp, entropy, new_value = self.net.evaluate(
                     data["obs"][idx], data["actions"][idx], data["masks"][idx] if "masks" in data else None)
                 log_ratio = new_logp - data["logprobs"][idx]
@@ -95,9 +100,6 @@ class PPO(Algorithm):
                     approx_kl = ((ratio - 1) - log_ratio).mean()
                     epoch_kl.append(float(approx_kl))
                     clipfracs.append(float(((ratio - 1.0).abs() > cfg.clip_coef).float().mean()))
-                adv = data["advantages"][idx]
-                if cfg.normalize_advantages and len(idx) > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
                 policy_loss = torch.max(-adv * ratio,
                                         -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
                 returns = data["returns"][idx]
@@ -110,12 +112,13 @@ class PPO(Algorithm):
                 loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy.mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                self.average_gradients(self.net.parameters())
                 torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 losses.append(loss.item())
                 updates += 1
             kls.extend(epoch_kl)
-            if cfg.target_kl is not None and np.mean(epoch_kl) > cfg.target_kl:
+            if cfg.target_kl is not None and self.mean_across_learners(float(np.mean(epoch_kl))) > cfg.target_kl:
                 break
         self.gradient_updates += updates
         return LearnStats(loss=float(np.mean(losses)) if losses else float("nan"), gradient_updates=updates,
