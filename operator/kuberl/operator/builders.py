@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 from kuberl.api import kube
 from kuberl.api.job import Resources, RLTrainingJob
+from kuberl.api.learner_slots import extra_learners, learner_slots
 from kuberl.api.rollout_slots import rollout_slots
 from kuberl.operator import names
 from kuberl.operator.names import Component
@@ -345,6 +346,29 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
                 init_containers=[_wait_for_head(job, options, learner.resources)])
 
 
+def learner_pods(job: RLTrainingJob) -> int:
+    """The job's learner pods: rank 0 (`build_learner_pod`) and one per further data-parallel learner."""
+    return 1 + extra_learners(job.spec.learner.replicas)
+
+
+def build_learner_replica_pod(job: RLTrainingJob, options: BuildOptions, rank: int, *, epoch: int = 0) -> dict[str, Any]:
+    """Data-parallel learner `rank` >= 1: a Ray node offering one `learner_slot` and no CPUs to rollout
+    actors, with the learner's resources (a GPU when they ask for one). Rank 0 starts the learner actor
+    on it; the actor joins rank 0's process group (its ports: the job's NetworkPolicy, like Ray's)."""
+    learner = job.spec.learner
+    command = [
+        "ray", "start", f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}", "--block",
+        "--num-cpus=0", f"--resources={json.dumps(learner_slots(1))}", "--disable-usage-stats",
+    ]
+    shm, shm_mount = _shm_volume()
+    container = _container("learner", job, options, command, learner.resources,
+                           [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
+    meta = _metadata(job, names.learner_replica_pod(job.metadata.name, rank), Component.LEARNER_REPLICA,
+                     epoch=epoch, worker_index=rank)
+    return _pod(meta, containers=[container], volumes=[shm], node_selector=learner.node_selector,
+                init_containers=[_wait_for_head(job, options, learner.resources)])
+
+
 def build_metrics_service(job: RLTrainingJob) -> dict[str, Any]:
     """ClusterIP Service on the learner's metrics port, for a ServiceMonitor or `kubectl port-forward`."""
     job_name = job.metadata.name
@@ -461,7 +485,7 @@ def build_network_policies(job: RLTrainingJob) -> list[dict[str, Any]]:
             "podSelector": {"matchExpressions": [
                 {"key": names.JOB_NAME_LABEL, "operator": "In", "values": [job_name]},
                 {"key": names.COMPONENT_LABEL, "operator": "In",
-                 "values": [Component.HEAD.value, Component.ROLLOUT_WORKER.value]},
+                 "values": [Component.HEAD.value, Component.ROLLOUT_WORKER.value, Component.LEARNER_REPLICA.value]},
             ]},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": same_job}],

@@ -227,6 +227,7 @@ class _Pass:
         self.live = [pod for pod in self.owned if not pod.terminating]
         # Names we cannot create right now: a pod of that name is still terminating or not ours.
         self.blocked = {pod.name for pod in pods if pod.terminating or not pod.owned}
+        self.learner_replicas: dict[int, PodView] = {}  # rank -> pod, ranks >= 1 (`_current`)
         self.done = False
 
     @property
@@ -375,6 +376,8 @@ def _current(ps: _Pass) -> None:
     ps.learner_pod = next((pod for pod in current if pod.component == Component.LEARNER), None)
     ps.worker_pods = {pod.index: pod for pod in current
                         if pod.component == Component.ROLLOUT_WORKER and pod.index is not None}
+    ps.learner_replicas = {pod.index: pod for pod in current
+                           if pod.component == Component.LEARNER_REPLICA and pod.index is not None}
 
 
 def _learner_succeeded(ps: _Pass) -> None:
@@ -451,6 +454,27 @@ def _check_learner(ps: _Pass) -> None:
     ps.degraded("LearnerRestarted", message)
     ps.plan.events.append(Event("Warning", "LearnerRestarted", message))
     ps.plan.restarts.append(Component.LEARNER)
+
+
+def _follow_learner_replicas(ps: _Pass) -> None:
+    """Learner pods of ranks 1..N-1: an ended one is replaced (rank 0's process group fails with it, so
+    rank 0 restarts, counted, and resumes every rank from its checkpoint); ranks past N are deleted."""
+    assert ps.job is not None
+    pods = ps.learner_replicas
+    desired = builders.learner_pods(ps.job)
+    for rank in sorted(pods):
+        pod = pods[rank]
+        if rank >= desired or pod.ended:
+            ps.delete([pods.pop(rank)])
+            if pod.ended and rank < desired:
+                message = f"{pod.name} ended ({pod.why or 'pod phase ' + pod.phase}): replacing it"
+                ps.degraded("LearnerReplicaReplaced", message)
+                ps.plan.events.append(Event("Warning", "LearnerReplicaReplaced", message))
+    epoch = ps.status.head_restarts
+    for rank in range(1, desired):
+        name = names.learner_replica_pod(ps.meta.name, rank)
+        if rank not in pods and name not in ps.blocked:
+            ps.plan.create.append(builders.build_learner_replica_pod(ps.job, ps.options, rank, epoch=epoch))
 
 
 def _follow_workers(ps: _Pass) -> None:
@@ -540,7 +564,8 @@ def _observe(ps: _Pass) -> None:
 
 
 STEPS: tuple[Callable[[_Pass], None], ...] = (_validate, _finished, _learner_succeeded, _suspend, _deadline,
-                                              _check_head, _check_learner, _follow_workers, _observe)
+                                              _check_head, _check_learner, _follow_learner_replicas, _follow_workers,
+                                              _observe)
 
 
 def learner_name(meta: JobMeta) -> str:

@@ -27,6 +27,7 @@ class Component(str, enum.Enum):
     HEAD = "head"
     ROLLOUT_WORKER = "rollout-worker"
     LEARNER = "learner"
+    LEARNER_REPLICA = "learner-replica"  # data-parallel learner ranks 1..N-1 (spec.learner.replicas)
 
 
 # Ray ports on the head (named in the pod and in the headless Service).
@@ -50,6 +51,11 @@ def head_service(job: str) -> str:
 
 def learner_pod(job: str) -> str:
     return f"{job}-learner"
+
+
+def learner_replica_pod(job: str, rank: int) -> str:
+    """Data-parallel learner `rank` (1..N-1); rank 0 is `learner_pod`."""
+    return f"{job}-learner-{rank}"
 
 
 def metrics_service(job: str) -> str:
