@@ -215,6 +215,22 @@ def test_a_job_with_four_rollout_workers(bed):
     delete_and_check_nothing_left(bed, "cartpole-four")
 
 
+def test_two_data_parallel_learners_train_to_complete(bed):
+    # spec.learner.replicas: 2: rank 0 is cartpole-ddp-learner, rank 1 the learner pod cartpole-ddp-learner-1
+    # (a Ray node with one learner slot); the two average gradients over gloo between the containers.
+    job = example("cartpole-ppo.yaml", **{"learner.replicas": 2, "rolloutWorkers.envsPerWorker": 4,
+                                          "stopping.targetReturn": 195, "evaluation.episodes": 5})
+    job["metadata"]["name"] = "cartpole-ddp"
+    apply(bed, job)
+    bed.cluster.wait_for("pods", "cartpole-ddp-learner-1", namespace=NS, timeout=60)
+    wait_complete(bed, "cartpole-ddp", 600)
+    status = learner_figures(bed, "cartpole-ddp")
+    assert status["progress"]["meanReturn"] >= 195 and status["learnerRestarts"] == 0, status
+    logs = bed.kubectl("logs", "-n", NS, "cartpole-ddp-learner").stdout
+    assert "2 data-parallel learners joined (gloo" in logs, logs[-3000:]
+    delete_and_check_nothing_left(bed, "cartpole-ddp")
+
+
 # ---- the trust boundary, on real containers --------------------------------------------------------------
 
 _GCS_PROBE = """
