@@ -234,7 +234,7 @@ def test_network_policies_keep_ray_ports_inside_the_job(job):
     assert ray_policy["spec"]["policyTypes"] == ["Ingress"]
     assert ray_policy["spec"]["ingress"] == [{"from": same_job}]
     selector = {e["key"]: e["values"] for e in ray_policy["spec"]["podSelector"]["matchExpressions"]}
-    assert selector == {"kuberl.dev/job-name": ["cartpole-ppo"], "kuberl.dev/component": ["head", "rollout-worker"]}
+    assert selector == {"kuberl.dev/job-name": ["cartpole-ppo"], "kuberl.dev/component": ["head", "rollout-worker", "learner-replica"]}
     assert learner_policy["spec"]["podSelector"]["matchLabels"] == {
         "kuberl.dev/job-name": "cartpole-ppo", "kuberl.dev/component": "learner"}
     # Ray ports from the job's pods; only the metrics port from anywhere (Prometheus, the operator).
