@@ -85,7 +85,7 @@ def measure(name: str, replicas: int, hidden: int, threads: int, seconds: float)
     rng = np.random.default_rng(0)
     batches = _batches(name, rng)
     steps = 0
-    for _ in range(3):  # warm-up: replay past one batch, first kernels
+    for _ in range(2):  # warm-up: replay past one batch, first kernels
         steps += sum(b["env_steps"] for b in batches)
         learner.learn(batches, steps)
     updates, t0 = 0, time.perf_counter()
@@ -104,7 +104,7 @@ def measure(name: str, replicas: int, hidden: int, threads: int, seconds: float)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores for all learners together")
     parser.add_argument("--repeats", type=int, default=2, help="each configuration's runs (the best is kept)")

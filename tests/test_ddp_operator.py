@@ -63,6 +63,26 @@ def test_replicas_are_created_replaced_when_they_end_and_deleted_past_n(job_dict
     # Rank 0 is not touched by the operator: its process group fails and it restarts (counted) by itself.
     assert sim.pods["cartpole-ppo-learner"]["metadata"]["uid"] == learner_uid
     sim.run_all()
+    assert sim.pods["cartpole-ppo-learner"]["metadata"]["annotations"]["kuberl.dev/learner-replicas"] == "3"
+
+
+def test_changing_replicas_restarts_rank_0_uncounted_then_drops_the_ranks_past_n(job_dict):
+    sim = running(Sim(_replicas(job_dict, 3)))
     sim.job_dict["spec"]["learner"]["replicas"] = 2
     plan = sim.step()
+    # Rank 0 first (SIGTERM: it checkpoints its iteration while rank 2 still trains with it) ...
+    assert [p.name for p in plan.delete] == ["cartpole-ppo-learner"]
+    assert any(e.reason == "LearnersRescaled" and "3 -> 2" in e.message for e in plan.events)
+    plan = sim.step()
+    # ... then rank 2, and rank 0 comes back with N = 2, not counted as a restart.
     assert [p.name for p in plan.delete] == ["cartpole-ppo-learner-2"]
+    assert [m["metadata"]["name"] for m in plan.create] == ["cartpole-ppo-learner"]
+    assert plan.create[0]["metadata"]["annotations"]["kuberl.dev/learner-replicas"] == "2"
+    sim.run_all()
+    sim.step()
+    assert sim.status.learner_restarts == 0
+    assert sorted(n for n in sim.names() if "learner" in n) == ["cartpole-ppo-learner", "cartpole-ppo-learner-1"]
+    sim.job_dict["spec"]["learner"]["replicas"] = 3  # up: rank 2's pod, and rank 0 restarts to use it
+    plan = sim.step()
+    assert [m["metadata"]["name"] for m in plan.create] == ["cartpole-ppo-learner-2"]
+    assert [p.name for p in plan.delete] == ["cartpole-ppo-learner"]

@@ -163,7 +163,7 @@ def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
     assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "8080",
-                                              "prometheus.io/path": "/metrics"}
+                                              "prometheus.io/path": "/metrics", "kuberl.dev/learner-replicas": "1"}
     assert {"name": "checkpoints", "mountPath": "/checkpoints"} in container["volumeMounts"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
@@ -192,7 +192,7 @@ def test_learner_without_metrics_has_no_port_probe_or_scrape_annotation(job_dict
     pod = builders.build_learner_pod(job, OPTIONS)
     (container,) = pod["spec"]["containers"]
     assert "ports" not in container and "readinessProbe" not in container
-    assert "annotations" not in pod["metadata"]
+    assert not any(k.startswith("prometheus.io/") for k in pod["metadata"].get("annotations", {}))
     assert [m["metadata"]["name"] for m in builders.build_services(job, OPTIONS)] == [
         "cartpole-ppo-head", "cartpole-ppo-ray", "cartpole-ppo-learner"]
 

@@ -339,6 +339,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
                        "prometheus.io/path": "/metrics"}
     container = _container("learner", job, options, ["sh", "-c", _LEARNER_SCRIPT], learner.resources, env,
                            **extra)
+    annotations = {**(annotations or {}), names.LEARNER_REPLICAS_ANNOTATION: str(job.spec.learner.replicas)}
     meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
                      annotations=annotations)
     return _pod(meta, containers=[container], volumes=[checkpoint_volume(job), shm],

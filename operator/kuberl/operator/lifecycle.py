@@ -56,6 +56,8 @@ class PodView:
     final_message: str | None = None
     #: What a container that exited with INVALID_SPEC_EXIT_CODE said (the learner refusing its spec).
     invalid_spec: str | None = None
+    #: The rank-0 learner pod's spec.learner.replicas (names.LEARNER_REPLICAS_ANNOTATION).
+    learner_replicas: int | None = None
 
     @property
     def ended(self) -> bool:
@@ -89,6 +91,7 @@ class PodView:
             why=_why(status),
             final_message=_final_message(status) if phase == "Succeeded" else None,
             invalid_spec=_invalid_spec(status) if phase == "Failed" else None,
+            learner_replicas=_int((meta.get("annotations") or {}).get(names.LEARNER_REPLICAS_ANNOTATION)),
         )
 
 
@@ -458,13 +461,23 @@ def _check_learner(ps: _Pass) -> None:
 
 def _follow_learner_replicas(ps: _Pass) -> None:
     """Learner pods of ranks 1..N-1: an ended one is replaced (rank 0's process group fails with it, so
-    rank 0 restarts, counted, and resumes every rank from its checkpoint); ranks past N are deleted."""
+    rank 0 restarts, counted, and resumes every rank from its checkpoint). Rank 0 reads N once, at its
+    start: when spec.learner.replicas changes, its pod is deleted (SIGTERM: it checkpoints and leaves; not
+    counted) and comes back with the new N; ranks past N go once no rank 0 trains with them."""
     assert ps.job is not None
     pods = ps.learner_replicas
     desired = builders.learner_pods(ps.job)
+    rank0 = next((pod for pod in ps.owned if pod.component == Component.LEARNER and not pod.ended), None)
+    training_with = rank0.learner_replicas if rank0 is not None else None
+    if rank0 is not None and not rank0.terminating and training_with not in (None, desired):
+        ps.delete([rank0])
+        ps.learner_pod = None
+        message = f"learner replicas {training_with} -> {desired}: the learner checkpoints and restarts with {desired}"
+        ps.plan.events.append(Event("Normal", "LearnersRescaled", message))
     for rank in sorted(pods):
         pod = pods[rank]
-        if rank >= desired or pod.ended:
+        past_n = rank >= desired and (training_with is None or rank >= training_with)
+        if past_n or (pod.ended and rank < desired):
             ps.delete([pods.pop(rank)])
             if pod.ended and rank < desired:
                 message = f"{pod.name} ended ({pod.why or 'pod phase ' + pod.phase}): replacing it"

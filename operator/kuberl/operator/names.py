@@ -18,6 +18,8 @@ WORKER_INDEX_LABEL = "kuberl.dev/worker-index"
 #: Which Ray cluster a pod belongs to: a new head starts a new epoch; learner and workers of an
 #: older epoch are joined to a dead cluster and get recycled.
 EPOCH_LABEL = "kuberl.dev/ray-epoch"
+#: On the rank-0 learner pod: the spec.learner.replicas it was started with (it reads N once, at start).
+LEARNER_REPLICAS_ANNOTATION = "kuberl.dev/learner-replicas"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
 FINALIZER = "kuberl.dev/operator"
