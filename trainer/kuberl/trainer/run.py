@@ -202,7 +202,10 @@ def _start_learners(run: _Run, algo: Any) -> Any:
 
     from kuberl.trainer.ddp import LearnerGroup
 
-    return LearnerGroup.start(run.job.spec, algo, run.cluster, torch.get_num_threads())
+    # Locally the learners share this machine's cores (`_build_learner` gave rank 0 its share); on a
+    # cluster each learner pod has its own, as many as rank 0 sees unless spec.learner.threads says.
+    threads = run.job.spec.learner.threads or (None if run.cluster else torch.get_num_threads())
+    return LearnerGroup.start(run.job.spec, algo, run.cluster, threads)
 
 
 def _sigterm_handler(stop_signal: dict[str, bool]) -> Callable[[int, Any], None]:
