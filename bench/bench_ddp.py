@@ -17,6 +17,12 @@ have one core each. Each configuration runs `--repeats` times, the configuration
 
     .venv/bin/python bench/bench_ddp.py               # writes bench/results/ddp_learners.json
     .venv/bin/python bench/bench_ddp.py --only 1 --output /tmp/n1.json   # N = 1 alone (e.g. another tree)
+    .venv/bin/python bench/bench_ddp.py --targets     # the examples with 2 learners: results/ddp_targets.json
+
+`--targets` trains, with `learner.replicas: 2` through `train()` on the embedded Ray: CartPole PPO (the
+example, target 195 over 100 episodes, 150k steps at most, 2 rollout workers) and the autoscaling BDQ
+example as it is (its own budget: 60k steps or 600 s), whose target is to beat the searched threshold
+autoscaler in its evaluation.
 """
 
 from __future__ import annotations
@@ -60,15 +66,13 @@ def _batches(name: str, rng) -> list[dict[str, Any]]:
 
 
 def measure(name: str, replicas: int, hidden: int, threads: int, seconds: float) -> dict[str, Any]:
+    import gymnasium as gym
     import numpy as np
     import ray
     import torch
-
     from kuberl.trainer.algorithms import algorithm_for
     from kuberl.trainer.spaces import space_info
     from kuberl.trainer.workers import start_ray
-
-    import gymnasium as gym
 
     torch.set_num_threads(threads)
     job = _job(name, replicas, hidden)
@@ -102,6 +106,34 @@ def measure(name: str, replicas: int, hidden: int, threads: int, seconds: float)
             "samples_per_update": per_update, "learner_samples_per_second": round(updates * per_update / elapsed)}
 
 
+def targets(output: str) -> None:
+    import json
+    import tempfile
+
+    import yaml
+    from common import EXAMPLES
+    from kuberl.api.load import parse_job
+    from kuberl.trainer.run import TrainOptions, train
+
+    out: dict[str, Any] = {"machine": machine(load_before=load_average())}
+    ppo = yaml.safe_load((EXAMPLES / "cartpole-ppo.yaml").read_text())
+    ppo["spec"]["stopping"] = {"targetReturn": 195, "returnWindow": 100, "maxEnvSteps": 150_000}
+    ppo["spec"]["evaluation"] = {"episodes": 20}
+    bdq = yaml.safe_load((EXAMPLES / "autoscaling-bdq.yaml").read_text())
+    for name, job in (("cartpole_ppo", ppo), ("autoscaling_bdq", bdq)):
+        job["spec"]["learner"] = {"replicas": 2}
+        t0 = time.perf_counter()
+        r = train(parse_job(job), TrainOptions(run_dir=tempfile.mkdtemp(), workers=2, metrics_port=0, progress=False))
+        ev = r.evaluation
+        out[name] = {"learners": 2, "reason": r.reason, "env_steps": r.counters.env_steps,
+                     "gradient_updates": r.counters.gradient_updates, "seconds": round(time.perf_counter() - t0, 1),
+                     "mean_training_return": round(r.mean_return, 1) if r.mean_return is not None else None,
+                     **{f"evaluation_{k}": round(v["mean_return"], 1) for k, v in ev.items() if "mean_return" in v}}
+        print(name, json.dumps(out[name]), flush=True)
+    out["machine"]["load_after"] = load_average()
+    write_json(output, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=512)
@@ -109,9 +141,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores for all learners together")
     parser.add_argument("--repeats", type=int, default=2, help="each configuration's runs (the best is kept)")
     parser.add_argument("--only", type=int, choices=[1, 2], default=None)
-    parser.add_argument("--output", default=str(RESULTS / "ddp_learners.json"))
+    parser.add_argument("--targets", action="store_true", help="the examples' targets with 2 learners instead")
+    parser.add_argument("--output", default=None)
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if args.targets:
+        targets(args.output or str(RESULTS / "ddp_targets.json"))
+        return
+    args.output = args.output or str(RESULTS / "ddp_learners.json")
     load_before = load_average()
     configs = [(1, 1), (1, args.threads), (2, max(1, args.threads // 2))]
     if args.only:

@@ -7,7 +7,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-
 from kuberl.api.job import RLTrainingJob
 from kuberl.trainer import ddp
 from kuberl.trainer.algorithms import algorithm_for

@@ -10,10 +10,8 @@ import ddp_ranks
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from kuberl.api.job import RLTrainingJob
 from kuberl.api.learner_slots import extra_learners, learner_slots
-
 
 
 def free_port() -> int:

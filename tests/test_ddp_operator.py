@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 
-from pod_security import assert_restricted
-from test_operator_lifecycle import Sim, running
-
 from kuberl.api.load import parse_job
 from kuberl.operator import builders
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.names import Component
+from pod_security import assert_restricted
+from test_operator_lifecycle import Sim, running
 
 
 def _replicas(job_dict: dict, n: int, **learner) -> dict:

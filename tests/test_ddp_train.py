@@ -10,7 +10,6 @@ import json
 import pytest
 import ray
 import yaml
-
 from conftest import REPO
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train

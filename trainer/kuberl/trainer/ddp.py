@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-
 from kuberl.api.learner_slots import learner_slots
 from kuberl.trainer.algorithms import Algorithm, LearnStats, algorithm_for
 
