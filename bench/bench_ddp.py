@@ -43,10 +43,11 @@ def _job(name: str, replicas: int, hidden: int) -> Any:
             if name == "DQN" else
             {"name": "PPO", "ppo": {"epochs": 4, "minibatches": 4, "rolloutSteps": 128,
                                     "network": {"hiddenSizes": [hidden, hidden]}}})
-    return RLTrainingJob.model_validate({
-        "apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "bench-ddp"},
-        "spec": {"algorithm": algo, "environment": {"id": "CartPole-v1"}, "learner": {"replicas": replicas},
-                 "stopping": {"maxEnvSteps": 10_000_000}}})
+    spec = {"algorithm": algo, "environment": {"id": "CartPole-v1"}, "stopping": {"maxEnvSteps": 10_000_000}}
+    if replicas > 1:  # N = 1 leaves the field out: the same job runs on a tree from before it existed
+        spec["learner"] = {"replicas": replicas}
+    return RLTrainingJob.model_validate({"apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob",
+                                         "metadata": {"name": "bench-ddp"}, "spec": spec})
 
 
 def _batches(name: str, rng) -> list[dict[str, Any]]:
