@@ -174,7 +174,8 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
         run.previous_term = signal.signal(signal.SIGTERM, _sigterm_handler(run.stop_signal))
     log.info("ray %s in %.2fs", "joined" if run.cluster else "started", ray_seconds)
     algo, counters = learner.algo, learner.counters
-    run.report.open(resumed=counters.iterations > 0)
+    run.report.open(resumed=counters.iterations > 0, env_steps=counters.env_steps,
+                    iteration=counters.iterations)
     publish_restored(run.metrics, counters, run.replicas)
     env_spec = spec.environment
     worker_args = {
