@@ -49,7 +49,8 @@ def local_ray():
     ray.shutdown()
 
 
-def _read(log_dir: Path) -> EventAccumulator:
+def read_events(log_dir: Path) -> EventAccumulator:
+    """TensorBoard's own reader over a directory of event files, every point kept."""
     acc = EventAccumulator(str(log_dir), size_guidance={SCALARS: 0})  # 0: keep every point
     acc.Reload()
     return acc
@@ -62,7 +63,7 @@ def _points(acc: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
 def _iterations_in(log_dir: Path) -> set[int]:
     if not log_dir.exists():
         return set()
-    acc = _read(log_dir)
+    acc = read_events(log_dir)
     if "run/iteration" not in acc.Tags()["scalars"]:
         return set()
     return {int(e.value) for e in acc.Scalars("run/iteration")}
@@ -111,10 +112,10 @@ def test_a_run_and_its_resumption_read_back_by_tensorboard(local_ray, job_dict, 
     assert 4 in live["seen"], "the event file was not flushed while the run trained"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
-    _assert_same(_points(_read(events)), _expected(rows, evaluation))
+    _assert_same(_points(read_events(events)), _expected(rows, evaluation))
     # Every numeric field of a row has a tag (PPO's own figures included).
     assert {"train/loss", "train/approx_kl", "rollout/mean_return", "eval/deterministic/mean_return"} \
-        <= set(_points(_read(events)))
+        <= set(_points(read_events(events)))
 
     # The run is interrupted after its checkpoint at iteration 6: later checkpoints are lost (deleted
     # here), so the resumed run repeats iterations 7-12 and writes its own points for them.
@@ -131,4 +132,4 @@ def test_a_run_and_its_resumption_read_back_by_tensorboard(local_ray, job_dict, 
     latest = {row["iteration"]: row for row in rows}  # metrics.jsonl keeps both runs' rows 7-12
     assert sorted(latest) == list(range(1, 17))
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
-    _assert_same(_points(_read(events)), _expected([latest[i] for i in range(1, 17)], evaluation))
+    _assert_same(_points(read_events(events)), _expected([latest[i] for i in range(1, 17)], evaluation))
