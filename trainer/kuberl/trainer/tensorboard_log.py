@@ -130,4 +130,7 @@ class EventLog:
                 log.warning("TensorBoard event files stopped: %s", err)
                 opened = None
         if opened is not None:
-            opened[0].close()
+            try:
+                opened[0].close()
+            except Exception as err:  # (OSError: the last flush)
+                log.warning("TensorBoard event files not closed: %s", err)
