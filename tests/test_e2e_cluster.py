@@ -152,6 +152,12 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     assert summary["evaluation"]["mean_return"] == 500 if "mean_return" in summary.get("evaluation", {}) else True
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt")), list(run_dir.iterdir())
     assert (run_dir / "evaluation.json").exists() and (run_dir / "metrics.jsonl").exists()
+    # TensorBoard's reader loads the learner's event files from the claim: a point per metrics row.
+    from test_tensorboard import read_events
+
+    metric_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [e.step for e in read_events(run_dir / "tensorboard").Scalars("rollout/mean_return")]
+    assert steps == [r["env_steps"] for r in metric_rows if r["mean_return"] is not None], steps
 
     # Prometheus found the learner pod by its annotations; every dashboard panel has data at the
     # moment of the learner's last scrape (its pod is Succeeded now: the series ended there).

@@ -16,6 +16,9 @@ from xml.sax.saxutils import escape
 
 import yaml
 
+from kuberl.trainer import tensorboard_log
+from kuberl.trainer.tensorboard_log import EventLog
+
 log = logging.getLogger("kuberl.trainer")
 
 
@@ -66,8 +69,9 @@ class Timeline:
 
 class RunReport:
     """A run's files and console: job.yaml and metrics.jsonl (a row per iteration, written as it comes)
-    with a progress bar (or a log line every 10 s) while training; then metrics.csv and the learning
-    curve (drawn while the workers evaluate), evaluation.json, summary.json and the summary table."""
+    and TensorBoard event files (tensorboard/, the same rows and the evaluation) with a progress bar (or
+    a log line every 10 s) while training; then metrics.csv and the learning curve (drawn while the
+    workers evaluate), evaluation.json, summary.json and the summary table."""
 
     def __init__(self, run_dir: Path, job, progress: bool):
         self.run_dir = run_dir
@@ -80,8 +84,10 @@ class RunReport:
         self._last_log = 0.0
         self._drawing: threading.Thread | None = None
         self._summary: dict[str, Any] | None = None
+        self._events: EventLog | None = None
 
-    def open(self, resumed: bool) -> None:
+    def open(self, resumed: bool, env_steps: int = 0, iteration: int = 0) -> None:
+        """Start the run's files; a resumed run (from a checkpoint at `env_steps`, `iteration`) appends."""
         (self.run_dir / "job.yaml").write_text(
             "# The job as resolved (defaults filled in) for this run.\n"
             + yaml.safe_dump(self.job.manifest(), sort_keys=False)
@@ -89,6 +95,10 @@ class RunReport:
         if not resumed and self.metrics_path.exists():
             self.metrics_path.unlink()
         self._file = self.metrics_path.open("a", buffering=1)
+        events_dir = self.run_dir / tensorboard_log.SUBDIR
+        if not resumed:
+            tensorboard_log.clear(events_dir)
+        self._events = EventLog(events_dir, env_steps if resumed else None, iteration)
         if self.show_progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -102,6 +112,8 @@ class RunReport:
     def iteration(self, row: dict[str, Any]) -> None:
         if self._file:
             self._file.write(json.dumps(row) + "\n")
+        if self._events is not None:
+            self._events.add(row["env_steps"], tensorboard_log.row_scalars(row))
         ret = row.get("mean_return")
         stats = (f"{row['episodes_per_second']:,.0f} ep/s  {row['env_steps_per_second']:,.0f} steps/s  "
                  f"return {ret:.1f}" if ret is not None else
@@ -141,6 +153,9 @@ class RunReport:
                reason: str, ray_seconds: float, timeline: Timeline | None = None) -> None:
         """Write evaluation.json, summary.json, metrics.csv and learning_curve.svg; `final` prints the table."""
         self.training_done()
+        if self._events is not None:
+            self._events.add(counters["env_steps"], tensorboard_log.evaluation_scalars(evaluation))
+            self._events.close()
         self._drawing.join()
         summary = {"job": self.job.metadata.name, "stopped_by": reason, "mean_return": mean_return,
                    "ray_start_seconds": ray_seconds, **counters, "evaluation": evaluation}
@@ -175,6 +190,8 @@ class RunReport:
         (self.run_dir / "learning_curve.svg").write_text(svg)
 
     def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
         if self._drawing is not None:
             self._drawing.join()
         if self._progress is not None:

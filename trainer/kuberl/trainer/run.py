@@ -178,7 +178,8 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
     algo, counters = learner.algo, learner.counters
     if spec.learner.replicas > 1:
         run.learners = _start_learners(run, algo)
-    run.report.open(resumed=counters.iterations > 0)
+    run.report.open(resumed=counters.iterations > 0, env_steps=counters.env_steps,
+                    iteration=counters.iterations)
     publish_restored(run.metrics, counters, run.replicas)
     env_spec = spec.environment
     worker_args = {
