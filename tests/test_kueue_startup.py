@@ -197,3 +197,31 @@ def test_startup_deadline_does_not_touch_a_running_job(sim_plain):
     running(sim_plain)
     sim_plain.step(seconds=3600)
     assert sim_plain.phase == Phase.RUNNING
+
+
+def test_the_readme_queue_setup_admits_the_example_job_as_one_group():
+    """deploy/kueue/queues.yaml's LocalQueue is the one the example names, and its ClusterQueue's quota holds
+    the whole gang at once (Kueue admits all of it or none of it): a pod asks for its containers' requests, or
+    its largest init container's when that is more."""
+    import yaml
+    from conftest import REPO
+    from kuberl.api.kube import parse_quantity
+    from kuberl.api.load import load_job_file
+    from kuberl.operator import builders
+    from kuberl.operator.builders import BuildOptions
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all((REPO / "deploy" / "kueue" / "queues.yaml").read_text())}
+    job = load_job_file(REPO / "examples" / "cartpole-ppo-kueue.yaml")
+    assert job.queue_name == docs["LocalQueue"]["metadata"]["name"]
+    assert docs["LocalQueue"]["spec"]["clusterQueue"] == docs["ClusterQueue"]["metadata"]["name"]
+    pods = [builders.build_head_pod(job, BuildOptions()), builders.build_learner_pod(job, BuildOptions()),
+            *(builders.build_worker_pod(job, BuildOptions(), i) for i in range(job.spec.rollout_workers.replicas))]
+    assert len(pods) == kueue.gang_size(job)
+    quota = {r["name"]: parse_quantity(str(r["nominalQuota"]))
+             for r in docs["ClusterQueue"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
+    for resource, limit in quota.items():
+        def asks(containers: list[dict], r: str = resource) -> float:
+            return sum(parse_quantity(str(c["resources"]["requests"].get(r, "0"))) for c in containers)
+        need = sum(max([asks(p["spec"]["containers"]), *(asks([c]) for c in p["spec"].get("initContainers", []))])
+                   for p in pods)
+        assert 0 < need <= limit, (resource, need, limit)
