@@ -14,7 +14,11 @@ The rules, in order:
   Running) is a restart counted against backoffLimit; a new head starts a new Ray epoch, and the
   learner and workers of the old one are recreated, since they belonged to a cluster that is gone;
 - a failed or vanished rollout worker is replaced (the job is Degraded meanwhile); replicas are
-  followed up and down by worker index.
+  followed up and down by worker index;
+- a job with a Kueue queue is one gated pod group (`kueue`): Queued until Kueue lifts the gates; a
+  change of its size re-queues it;
+- while Starting, pods' waiting reasons are reported (`startup`), and startupDeadlineSeconds fails a
+  job that does not reach Running in time.
 """
 
 from __future__ import annotations
