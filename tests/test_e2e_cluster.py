@@ -320,7 +320,7 @@ def test_a_queued_job_waits_gated_until_kueue_admits_its_pod_group_then_trains(b
     """Kueue cannot run here: the node agent holds gated pods as the scheduler does, and the test lifts the
     gate from every pod, as Kueue does when the ClusterQueue has quota for the whole group."""
     job = example("cartpole-ppo.yaml", **{"queueName": "team-a", "rolloutWorkers.replicas": 1,
-                                          "startupDeadlineSeconds": 120,
+                                          "startupDeadlineSeconds": 300,
                                           "stopping": {"targetReturn": 100, "maxEnvSteps": 40_000}})
     job["metadata"]["name"] = "queued"
     apply(bed, job)
