@@ -159,6 +159,9 @@ def test_waiting_reasons_reach_status_message_condition_and_one_event(sim_plain)
     assert blocked.status == "True" and blocked.reason == "ErrImagePull"
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "ErrImagePull")]
     assert sim_plain.step().events == []  # the same problem: no second Event
+    sim_plain.pods["cartpole-ppo-learner"]["status"] = waiting_pod("ImagePullBackOff", "back-off")["status"]
+    assert sim_plain.step().events == []  # the kubelet's retry of the same pull: still no second Event
+    assert sim_plain.condition("StartupBlocked").reason == "ImagePullBackOff"
     sim_plain.run_all()
     sim_plain.step()
     assert sim_plain.phase == Phase.RUNNING and sim_plain.status.message is None

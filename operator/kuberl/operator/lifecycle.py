@@ -604,7 +604,7 @@ def _startup(ps: _Pass) -> None:
     old = job_status.get_condition(ps.status, startup.STARTUP_BLOCKED)
     if summary is not None:
         reason, message = summary
-        if old is None or old.status != "True" or old.message != message:
+        if old is None or old.status != "True" or startup.family(old.reason) != startup.family(reason):
             ps.plan.events.append(Event("Warning", reason, message))
         job_status.set_condition(ps.status, startup.STARTUP_BLOCKED, True, reason, message, at=ps.now,
                                  generation=ps.meta.generation)

@@ -75,6 +75,11 @@ def pod_waiting(pod: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def family(reason: str) -> str:
+    """Reasons that alternate for one problem (a kubelet retrying a pull) count as one, for Events."""
+    return "ImagePull" if reason in ("ErrImagePull", "ImagePullBackOff") else reason
+
+
 def summarize(waiting: list[tuple[str, tuple[str, str]]]) -> tuple[str, str] | None:
     """(reason of the first, message) for [(pod name, (reason, message))], or None when nothing waits."""
     if not waiting:
