@@ -376,5 +376,8 @@ def test_a_learner_that_exits_at_once_shows_its_last_log_lines(bed):
     status = bed.cluster.wait_for("rltj", "no-gpu", namespace=NS, timeout=300, predicate=phase_is("Failed"))["status"]
     assert status["reason"] == "BackoffLimitExceeded", status
     assert "container learner exited with code 1" in status["message"], status
-    assert "RuntimeError: spec.learner.device is cuda but torch sees no CUDA device" in status["message"], status
+    # The learner's last log line, from its termination message (FallbackToLogsOnError).
+    assert "error: spec.learner.device is cuda but torch sees no CUDA device" in status["message"], status
+    events = {e["reason"]: e["message"] for e in job_events(bed, "no-gpu")}
+    assert "sees no CUDA device" in events["BackoffLimitExceeded"], events
     delete_and_check_nothing_left(bed, "no-gpu")
