@@ -321,7 +321,8 @@ def test_a_queued_job_waits_gated_until_kueue_admits_its_pod_group_then_trains(b
     gate from every pod, as Kueue does when the ClusterQueue has quota for the whole group."""
     job = example("cartpole-ppo.yaml", **{"queueName": "team-a", "rolloutWorkers.replicas": 1,
                                           "startupDeadlineSeconds": 300,
-                                          "stopping": {"targetReturn": 100, "maxEnvSteps": 40_000}})
+                                          "stopping": {"targetReturn": 60, "maxEnvSteps": 20_000},
+                                          "evaluation": {"episodes": 10}})
     job["metadata"]["name"] = "queued"
     apply(bed, job)
     status = bed.cluster.wait_for("rltj", "queued", namespace=NS, timeout=60, predicate=phase_is("Queued"))["status"]
