@@ -321,3 +321,86 @@ def test_a_spec_only_the_learner_can_check_fails_as_invalid_spec_with_validates_
     logs = bed.kubectl("logs", "-n", NS, "tenant-code-learner").stdout
     assert "is not a valid RLTrainingJob" in logs, logs[-2000:]
     delete_and_check_nothing_left(bed, "tenant-code")
+
+
+# -- Kueue gang admission, and a job that cannot start says why (issue 19, parts 2 and 3) ------------------
+
+
+def job_pods(bed: OneNodeCluster, job: str) -> list[dict]:
+    return bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={job}")
+
+
+def job_events(bed: OneNodeCluster, job: str) -> list[dict]:
+    return [e for e in bed.cluster.list("events", NS) if (e.get("involvedObject") or {}).get("name") == job]
+
+
+def phase_is(*phases: str):
+    return lambda obj: (obj.get("status") or {}).get("phase") in phases
+
+
+def test_a_queued_job_waits_gated_until_kueue_admits_its_pod_group_then_trains(bed):
+    """Kueue cannot run here: the node agent holds gated pods as the scheduler does, and the test lifts the
+    gate from every pod, as Kueue does when the ClusterQueue has quota for the whole group."""
+    job = example("cartpole-ppo.yaml", **{"queueName": "team-a", "rolloutWorkers.replicas": 1,
+                                          "startupDeadlineSeconds": 300,
+                                          "stopping": {"targetReturn": 60, "maxEnvSteps": 20_000},
+                                          "evaluation": {"episodes": 10}})
+    job["metadata"]["name"] = "queued"
+    apply(bed, job)
+    status = bed.cluster.wait_for("rltj", "queued", namespace=NS, timeout=60, predicate=phase_is("Queued"))["status"]
+    assert "LocalQueue team-a" in status["message"], status
+    wait_until(lambda: len(job_pods(bed, "queued")) == 3 and all(
+        any(c.get("reason") == "SchedulingGated" for c in (p.get("status") or {}).get("conditions") or [])
+        for p in job_pods(bed, "queued")), 60, 0.2, "three gated pods")
+    for pod in job_pods(bed, "queued"):
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "queued-g0-n3"
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
+        assert not pod["spec"].get("nodeName") and not job_containers(bed, "queued")
+    assert "Queued" in bed.kubectl("get", "rltj", "queued", "-n", NS).stdout
+    for pod in job_pods(bed, "queued"):
+        bed.kubectl("patch", "pod", pod["metadata"]["name"], "-n", NS, "--type=json",
+                    "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+    wait_complete(bed, "queued", 600)
+    admitted = {c["type"]: c for c in bed.cluster.get("rltj", "queued", NS)["status"]["conditions"]}["Admitted"]
+    assert admitted["status"] == "True" and "queued-g0-n3" in admitted["message"], admitted
+    assert {"Queued", "Starting", "Running", "Succeeded"} <= {e["reason"] for e in job_events(bed, "queued")}
+    delete_and_check_nothing_left(bed, "queued")
+
+
+def test_an_image_that_does_not_exist_says_so_then_fails_at_the_startup_deadline(bed):
+    job = example("cartpole-ppo.yaml", **{"image": "localhost/kuberl/no-such-trainer:0.0.0",
+                                          "rolloutWorkers.replicas": 1, "startupDeadlineSeconds": 30})
+    job["metadata"]["name"] = "no-image"
+    apply(bed, job)
+    starting = bed.cluster.wait_for("rltj", "no-image", namespace=NS, timeout=60, predicate=lambda obj: "ImagePullBackOff"
+                                    in ((obj.get("status") or {}).get("message") or ""))["status"]
+    assert starting["phase"] == "Starting", starting
+    assert "localhost/kuberl/no-such-trainer:0.0.0" in starting["message"] and "check spec.image" in starting["message"]
+    blocked = {c["type"]: c for c in starting["conditions"]}["StartupBlocked"]
+    assert blocked["status"] == "True" and blocked["reason"] in ("ErrImagePull", "ImagePullBackOff"), blocked
+    status = bed.cluster.wait_for("rltj", "no-image", namespace=NS, timeout=90, predicate=phase_is("Failed"))["status"]
+    assert status["reason"] == "StartupDeadlineExceeded", status
+    assert status["message"].startswith("the job was not Running within startupDeadlineSeconds (30 s)"), status
+    assert "ImagePull" in status["message"], status
+    wait_until(lambda: not job_pods(bed, "no-image"), 60, 0.2, "the pods of no-image to be deleted")
+    reasons = [e["reason"] for e in job_events(bed, "no-image")]
+    assert "StartupDeadlineExceeded" in reasons and ({"ErrImagePull", "ImagePullBackOff"} & set(reasons)), reasons
+    delete_and_check_nothing_left(bed, "no-image")
+
+
+def test_a_learner_that_exits_at_once_shows_its_last_log_lines(bed):
+    """learner.device: cuda on a node without a GPU: the learner exits 1 before training (not the
+    InvalidSpec exit 2: the spec is valid, the node is not what it asks for)."""
+    job = example("cartpole-ppo.yaml", **{"learner.device": "cuda", "rolloutWorkers.replicas": 1,
+                                          "backoffLimit": 0, "startupDeadlineSeconds": 300})
+    job["metadata"]["name"] = "no-gpu"
+    apply(bed, job)
+    status = bed.cluster.wait_for("rltj", "no-gpu", namespace=NS, timeout=300, predicate=phase_is("Failed"))["status"]
+    assert status["reason"] == "BackoffLimitExceeded", status
+    assert "container learner exited with code 1" in status["message"], status
+    # The learner's last log line, from its termination message (FallbackToLogsOnError).
+    assert "error: spec.learner.device is cuda but torch sees no CUDA device" in status["message"], status
+    events = {e["reason"]: e["message"] for e in job_events(bed, "no-gpu")}
+    assert "sees no CUDA device" in events["BackoffLimitExceeded"], events
+    delete_and_check_nothing_left(bed, "no-gpu")

@@ -204,6 +204,56 @@ def test_a_missing_claim_fails_the_pod_with_the_reason(node):
     cluster.kubectl("delete", "pod", "orphan")
 
 
+def scheduled(p: dict) -> dict:
+    return next((c for c in (p.get("status") or {}).get("conditions") or [] if c["type"] == "PodScheduled"), {})
+
+
+def waiting(p: dict) -> str | None:
+    states = [cs["state"] for cs in (p.get("status") or {}).get("containerStatuses") or []]
+    return next((s["waiting"].get("reason") for s in states if "waiting" in s), None)
+
+
+def test_scheduling_gates_hold_a_pod_until_removed_and_cannot_be_added(node):
+    cluster, agent = node
+    gated = pod("gated", "print('admitted', flush=True)")
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    cluster.create(gated)
+    held = cluster.wait_for("pods", "gated", lambda p: scheduled(p).get("reason") == "SchedulingGated", timeout=30)
+    assert held["status"]["phase"] == "Pending" and not held["spec"].get("nodeName")
+    assert agent.runner(NS, "gated") is None
+    with pytest.raises(Exception, match="spec.schedulingGates: Forbidden: only deletion is allowed"):
+        cluster.patch("pods", "gated", {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"},
+                                                                     {"name": "other"}]}})
+    cluster.kubectl("patch", "pod", "gated", "--type=json", "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
+    assert ended(cluster, "gated")["status"]["phase"] == "Succeeded"
+    assert "admitted" in cluster.kubectl("logs", "gated").stdout
+    cluster.kubectl("delete", "pod", "gated")
+
+
+def test_pods_that_cannot_start_say_why_as_a_kubelet_and_scheduler_do(node):
+    cluster, agent = node
+    cluster.create(pod("no-image", "print(1)", image="localhost/kuberl/does-not-exist:0"))
+    no_node = pod("no-node", "print(1)")
+    no_node["spec"]["nodeSelector"] = {"kubernetes.io/arch": "s390x"}
+    cluster.create(no_node)
+    cluster.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "half"}, "data": {}})
+    cluster.create(pod("no-key", "print(1)", env=[{"name": "TOKEN", "valueFrom": {
+        "secretKeyRef": {"name": "half", "key": "token"}}}]))
+    seen = set()
+    wait_until(lambda: seen.add(waiting(cluster.get("pods", "no-image"))) or {"ErrImagePull", "ImagePullBackOff"} <= seen,
+               60, 0.1, "ErrImagePull then ImagePullBackOff")
+    status = cluster.get("pods", "no-image")["status"]
+    assert status["phase"] == "Pending"
+    assert "localhost/kuberl/does-not-exist:0" in status["containerStatuses"][0]["state"]["waiting"]["message"]
+    unschedulable = cluster.wait_for("pods", "no-node", lambda p: scheduled(p).get("reason") == "Unschedulable",
+                                     timeout=30)
+    assert "didn't match Pod's node affinity/selector" in scheduled(unschedulable)["message"]
+    no_key = cluster.wait_for("pods", "no-key", lambda p: waiting(p) == "CreateContainerConfigError", timeout=30)
+    assert "'token' not found" in no_key["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+    for name in ("no-image", "no-node", "no-key"):
+        cluster.kubectl("delete", "pod", name)
+
+
 def test_http_sd_targets_carry_the_labels_kubernetes_sd_gives_a_pod():
     from bed.cluster_bed import pod_targets
 

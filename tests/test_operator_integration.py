@@ -423,6 +423,30 @@ def test_active_deadline_fails_a_job_that_runs_too_long(cluster, operator, job_d
     wait_pods(cluster, set())
 
 
+def test_a_queued_job_waits_for_kueue_and_a_pod_that_cannot_start_says_why(cluster, operator, job_dict):
+    """spec.queueName: Queued with every pod gated until the gates go (as Kueue lifts them); then an image
+    pull error reaches status.message, StartupBlocked and one Event, and clears when the pods run."""
+    cluster.create(job_manifest(job_dict, replicas=1, queueName="team-a"), namespace=NS)
+    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
+    st = wait_phase(cluster, "Queued")
+    assert condition(cluster, "Admitted")["reason"] == "WaitingForKueue" and "LocalQueue team-a" in st["message"]
+    for name, pod in pods(cluster).items():
+        assert pod["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}], name
+        cluster.patch("pods", name, [{"op": "remove", "path": "/spec/schedulingGates"}], NS, patch_type="json")
+    wait_phase(cluster, "Starting")
+    assert condition(cluster, "Admitted")["status"] == "True"
+    cluster.patch_status("pods", LEARNER, {"phase": "Pending", "containerStatuses": [{"name": "learner", "state": {
+        "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}}}]}, NS)
+    wait_until(lambda: condition(cluster, "StartupBlocked").get("reason") == "ImagePullBackOff")
+    assert status(cluster)["message"].startswith(f"{LEARNER}: ImagePullBackOff: container learner: Back-off")
+    wait_event(cluster, "ImagePullBackOff")
+    run_all(cluster)
+    wait_phase(cluster, "Running")
+    assert condition(cluster, "StartupBlocked")["status"] == "False" and status(cluster).get("message") is None
+    assert event_reasons(cluster).count("ImagePullBackOff") == 1
+    assert {"Queued", "Starting", "Running"} <= set(event_reasons(cluster))
+
+
 def test_restarted_operator_creates_no_duplicates_and_carries_on(cluster, start_operator, job_dict):
     with start_operator():
         cluster.create(job_manifest(job_dict, replicas=2), namespace=NS)

@@ -110,7 +110,8 @@ def test_jobs_gauge_counts_jobs_by_phase():
     metrics.job_phase("b", "Succeeded")
     metrics.job_phase("c", None)  # deleted
     values = {s.labels["phase"]: s.value for s in metrics.jobs.collect()[0].samples}
-    assert values == {"Pending": 0, "Starting": 0, "Running": 1, "Succeeded": 1, "Failed": 0, "Suspended": 0}
+    assert values == {"Pending": 0, "Queued": 0, "Starting": 0, "Running": 1, "Succeeded": 1, "Failed": 0,
+                      "Suspended": 0}
 
 
 # ---- progress from the learner's metrics ---------------------------------------------------------

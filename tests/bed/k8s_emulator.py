@@ -559,6 +559,15 @@ def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _check_scheduling_gates(name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    """As the API server: an update may remove a pod's scheduling gates (Kueue's admission does), never add one."""
+    before = [g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []]
+    after = [g.get("name") for g in (new.get("spec") or {}).get("schedulingGates") or []]
+    if any(gate not in before for gate in after):
+        raise _invalid(PODS, name, "spec.schedulingGates: Forbidden: only deletion is allowed, but found new "
+                       f"scheduling gate {next(g for g in after if g not in before)!r}")
+
+
 def _validate_metadata(res: kmock.resource, obj: Mapping[str, Any]) -> None:
     """Name and label syntax, which a real API server rejects with 422 (builders' typos show up here)."""
     meta = obj["metadata"]
@@ -1280,6 +1289,8 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
                     meta[field] = copy.deepcopy(old_meta[field])
             new["apiVersion"], new["kind"] = old["apiVersion"], old["kind"]
             _validate_metadata(res, new)
+            if res == PODS:
+                _check_scheduling_gates(name, old, new)
             added_finalizers = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
             if old_meta.get("deletionTimestamp") and added_finalizers:
                 raise _invalid(

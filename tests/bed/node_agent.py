@@ -19,6 +19,12 @@ restartPolicy, stops containers on Pod deletion (SIGTERM, then SIGKILL after the
 with the emulator's `graceful_pod_deletion` the Pod stays Terminating until then), and serves
 container logs to the emulator so `kubectl logs` works.
 
+Like a scheduler, it leaves a Pod with schedulingGates unbound (PodScheduled False, SchedulingGated)
+until an update removes them, and one whose nodeSelector this node's labels do not match
+(Unschedulable). Like a kubelet, it keeps a container whose image is not in podman's store waiting
+(ErrImagePull, then ImagePullBackOff: there is no registry here, so a missing local image is the
+pull error) and one whose Secret key is missing (CreateContainerConfigError), retrying with back-off.
+
 Not emulated: image pulls (images must be present), liveness/startup probes, cgroup-enforced CPU
 shares between pods, Service port remapping (a Service name resolves to the pod's address, so its
 port must equal the target port), NetworkPolicy enforcement, DNS search domains, hostPath/secret/projected
@@ -277,6 +283,8 @@ class PodRunner:
         self.initialized = True
         self.write_status()
         mains = [c for c in self.spec["containers"]]
+        if not all(self._pull(spec, self.containers[spec["name"]]) for spec in mains):
+            return
         for spec in mains:
             self._start(spec, self.containers[spec["name"]], volumes)
         self.phase = "Running"
@@ -322,7 +330,25 @@ class PodRunner:
         self.write_status()
         self.terminating.wait(delay)
 
+    def _pull(self, spec: Body, state: ContainerState) -> bool:
+        """Wait until the container's image is on the node, as a kubelet retrying a failed pull: ErrImagePull,
+        then ImagePullBackOff for a growing back-off. False when the pod was deleted meanwhile."""
+        image, tries = spec["image"], 0
+        while not self.agent.podman.image_exists(image):
+            steps = self.agent.restart_backoff
+            for reason, message, delay in (
+                    ("ErrImagePull", f'failed to pull and unpack image "{image}": {image}: not found', 1.0),
+                    ("ImagePullBackOff", f'Back-off pulling image "{image}"', steps[min(tries, len(steps) - 1)])):
+                state.state = {"waiting": {"reason": reason, "message": message}}
+                self.write_status()
+                if self.terminating.wait(delay):
+                    return False
+            tries += 1
+        return True
+
     def _run_to_end(self, spec: Body, state: ContainerState, volumes: list[str]) -> int:
+        if not self._pull(spec, state):
+            return 137
         if state.current:
             state.previous = state.current
             state.restart_count += 1
@@ -332,10 +358,18 @@ class PodRunner:
 
     def _start(self, spec: Body, state: ContainerState, volumes: list[str]) -> None:
         podman_name = f"k8s_{spec['name']}_{self.name}_{self.ns}_{self.uid[:8]}_{state.restart_count}"
-        try:
-            argv = self.agent.run_argv(self, spec, podman_name, volumes)
-        except LookupError as exc:  # a missing Secret: the kubelet's CreateContainerConfigError, then a retry
-            argv, config_error = None, str(exc)
+        argv, config_error, tries = None, "", 0
+        while argv is None:
+            try:
+                argv = self.agent.run_argv(self, spec, podman_name, volumes)
+            except LookupError as exc:  # a missing Secret key: the kubelet's CreateContainerConfigError, retried
+                config_error = str(exc).removeprefix("CreateContainerConfigError: ")
+                state.state = {"waiting": {"reason": "CreateContainerConfigError", "message": config_error}}
+                self.write_status()
+                steps = self.agent.restart_backoff
+                if self.terminating.wait(steps[min(tries, len(steps) - 1)]):
+                    break
+                tries += 1
         result = self.agent.podman(*argv, check=False) if argv else None
         state.current = podman_name
         if result is None or result.returncode != 0:
@@ -595,6 +629,9 @@ class NodeAgent:
         self.host_ip = str(next(hosts))  # the bridge's gateway
         self._free_ips = hosts
         self.node_name = node_name
+        #: The labels a nodeSelector is matched against (a Node's well-known ones).
+        self.node_labels = {"kubernetes.io/hostname": node_name, "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64"}
         self.resource_limits = resource_limits
         self.labels = dict(labels or {})
         self.restart_backoff = tuple(restart_backoff)
@@ -672,6 +709,8 @@ class NodeAgent:
                 return
             if (pod.get("spec") or {}).get("nodeName") not in (None, self.node_name):
                 return
+            if self._unschedulable(pod):
+                return
             ip = str(next(self._free_ips))
             bound = self.api.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                                    {"spec": {"nodeName": self.node_name}})
@@ -681,6 +720,25 @@ class NodeAgent:
             self.pods[uid] = runner
         self.refresh_hosts(meta["namespace"])
         runner.start()
+
+    def _unschedulable(self, pod: Body) -> bool:
+        """As the scheduler: a gated pod, or one whose nodeSelector this node does not match, stays unbound
+        with PodScheduled False saying why (written once; the update it makes comes back as an event)."""
+        spec = pod.get("spec") or {}
+        if spec.get("schedulingGates"):
+            reason, message = "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates"
+        elif any(self.node_labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+            reason, message = "Unschedulable", ("0/1 nodes are available: 1 node(s) didn't match Pod's node "
+                                                "affinity/selector. preemption: 0/1 nodes are available.")
+        else:
+            return False
+        condition = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
+        shown = [{k: c.get(k) for k in condition} for c in (pod.get("status") or {}).get("conditions") or []]
+        if condition not in shown:
+            meta = pod["metadata"]
+            self.api.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status", {"status": {
+                "phase": "Pending", "conditions": [{**condition, "lastTransitionTime": _now()}]}})
+        return True
 
     def _terminate(self, runner: PodRunner) -> None:
         runner.stop()

@@ -597,6 +597,16 @@ class RLTrainingJobSpec(_Model):
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has been active longer than this."
     )
+    startup_deadline_seconds: int | None = Field(
+        default=None, ge=10, le=86_400,
+        description="Fail the job (StartupDeadlineExceeded, pods deleted) when it is not Running this long "
+        "after its pods were created, resumed or admitted by Kueue (queue time does not count); unset: no limit.",
+    )
+    queue_name: DnsSubdomain | None = Field(
+        default=None, max_length=63,
+        description="Kueue LocalQueue: the job's pods are created as one Kueue pod group, gated until Kueue "
+        "admits all of them (the kueue.x-k8s.io/queue-name label on the job says the same).",
+    )
     serving: ServingSpec | None = Field(
         default=None, description="Serve the trained policy after the job succeeds (needs a checkpoint claim)."
     )
@@ -631,6 +641,7 @@ class RLTrainingJobSpec(_Model):
 
 class Phase(str, enum.Enum):
     PENDING = "Pending"
+    QUEUED = "Queued"
     STARTING = "Starting"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
@@ -700,6 +711,9 @@ class ObjectMeta(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+#: Kueue's label naming a LocalQueue (on the job, as on any workload Kueue manages).
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+
 #: CEL rules at the CRD's root, where the API server lets them read metadata.name.
 JOB_RULES = [{
     "rule": f"self.metadata.name.size() <= {kube.JOB_NAME_MAX_LENGTH} && "
@@ -717,6 +731,19 @@ class RLTrainingJob(_Model):
     metadata: ObjectMeta
     spec: RLTrainingJobSpec
     status: RLTrainingJobStatus = Field(default_factory=RLTrainingJobStatus)
+
+    @model_validator(mode="after")
+    def _one_queue_name(self) -> RLTrainingJob:
+        label = self.metadata.labels.get(QUEUE_NAME_LABEL)
+        if label is not None and self.spec.queue_name is not None and label != self.spec.queue_name:
+            raise ValueError(f"spec.queueName {self.spec.queue_name!r} and the job's label {QUEUE_NAME_LABEL} "
+                             f"{label!r} differ: set one of them (or both to the same LocalQueue)")
+        return self
+
+    @property
+    def queue_name(self) -> str | None:
+        """The Kueue LocalQueue of the job: spec.queueName, else the job's kueue.x-k8s.io/queue-name label."""
+        return self.spec.queue_name or self.metadata.labels.get(QUEUE_NAME_LABEL) or None
 
     def manifest(self) -> dict[str, Any]:
         """The job as a Kubernetes manifest (camelCase, defaults filled in), without status."""

@@ -277,7 +277,7 @@ class JobLoop:
         phase = Phase(plan.status.phase)
         if plan.delete or (self.api_invalid and not phase.terminal):
             return 0.0  # room was made (or a refusal must be reported): act on it now
-        if phase in (Phase.PENDING, Phase.STARTING, Phase.RUNNING):
+        if phase in (Phase.PENDING, Phase.QUEUED, Phase.STARTING, Phase.RUNNING):
             wait = config.reconcile_interval
             learner_running = any(pod.component == Component.LEARNER and pod.phase == "Running" for pod in pods)
             if job is not None and job.spec.metrics.enabled and learner_running:

@@ -14,7 +14,11 @@ The rules, in order:
   Running) is a restart counted against backoffLimit; a new head starts a new Ray epoch, and the
   learner and workers of the old one are recreated, since they belonged to a cluster that is gone;
 - a failed or vanished rollout worker is replaced (the job is Degraded meanwhile); replicas are
-  followed up and down by worker index.
+  followed up and down by worker index;
+- a job with a Kueue queue is one gated pod group (`kueue`): Queued until Kueue lifts the gates; a
+  change of its size re-queues it;
+- while Starting, pods' waiting reasons are reported (`startup`), and startupDeadlineSeconds fails a
+  job that does not reach Running in time.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 from kuberl.api.job import Phase, RLTrainingJob, RLTrainingJobStatus
 from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, Problem, is_report
-from kuberl.operator import builders, names
+from kuberl.operator import builders, kueue, names, startup
 from kuberl.operator import status as job_status
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.names import Component
@@ -58,6 +62,11 @@ class PodView:
     invalid_spec: str | None = None
     #: The rank-0 learner pod's spec.learner.replicas (names.LEARNER_REPLICAS_ANNOTATION).
     learner_replicas: int | None = None
+    #: Held by a scheduling gate (Kueue's admission gate); the Kueue pod group it belongs to.
+    gated: bool = False
+    group: str | None = None
+    #: (reason, message) of a problem that keeps the pod from starting (startup.pod_waiting).
+    waiting: tuple[str, str] | None = None
 
     @property
     def ended(self) -> bool:
@@ -92,6 +101,9 @@ class PodView:
             final_message=_final_message(status) if phase == "Succeeded" else None,
             invalid_spec=_invalid_spec(status) if phase == "Failed" else None,
             learner_replicas=_int((meta.get("annotations") or {}).get(names.LEARNER_REPLICAS_ANNOTATION)),
+            gated=kueue.is_gated(pod),
+            group=kueue.group_of(pod),
+            waiting=startup.pod_waiting(pod),
         )
 
 
@@ -487,7 +499,8 @@ def _follow_learner_replicas(ps: _Pass) -> None:
     for rank in range(1, desired):
         name = names.learner_replica_pod(ps.meta.name, rank)
         if rank not in pods and name not in ps.blocked:
-            ps.plan.create.append(builders.build_learner_replica_pod(ps.job, ps.options, rank, epoch=epoch))
+            ps.plan.create.append(kueue.enroll(builders.build_learner_replica_pod(ps.job, ps.options, rank, epoch=epoch),
+                                               ps.job, epoch))
 
 
 def _follow_workers(ps: _Pass) -> None:
@@ -536,7 +549,7 @@ def _create_missing(ps: _Pass, desired: int) -> None:
                            lambda i=index: builders.build_worker_pod(ps.job, ps.options, i, epoch=epoch)))
     for name, build in wanted:
         if name not in ps.blocked:
-            ps.plan.create.append(build())
+            ps.plan.create.append(kueue.enroll(build(), ps.job, epoch))
     if ps.plan.create:
         ps.plan.ensure_services = True
         if ps.phase == Phase.PENDING:
@@ -576,9 +589,105 @@ def _observe(ps: _Pass) -> None:
                               at=ps.now, generation=ps.meta.generation)
 
 
+def _regroup(ps: _Pass) -> None:
+    """A Kueue pod group's size is fixed: when the job's group changed (replicas, or the queue added or
+    removed), its pods go, and the next passes create the new group, which Kueue admits anew."""
+    assert ps.job is not None
+    expected = kueue.pod_group_name(ps.job, ps.status.head_restarts) if ps.job.queue_name else None
+    current = [pod for pod in ps.live if pod.component is not None and pod not in ps.plan.delete]
+    if not any(pod.group != expected for pod in current):
+        return
+    ps.delete(current)
+    ps.status.phase = Phase.STARTING
+    ps.set_workers(0)
+    ps.plan.events.append(Event("Normal", "Requeued", (
+        f"the job's Kueue pod group is now {expected} ({kueue.gang_size(ps.job)} pods)" if expected else
+        "the job no longer names a Kueue queue") + ": deleting its pods and creating them again, "
+        + ps.checkpoint_note()))
+    ps.done = True
+
+
+def _queued(ps: _Pass) -> None:
+    """Queued while any pod of the job waits for Kueue's admission gate; the Admitted condition says which."""
+    assert ps.job is not None
+    if ps.job.queue_name is None:
+        return
+    deleting = {pod.name for pod in ps.plan.delete}
+    pods = [pod for pod in ps.live if pod.component is not None and pod.name not in deleting]
+    gated = sum(1 for pod in pods if pod.gated) + len([m for m in ps.plan.create if kueue.is_gated(m)])
+    total = kueue.gang_size(ps.job)
+    if gated:
+        message = kueue.waiting_message(ps.job, gated, total)
+        job_status.set_condition(ps.status, kueue.ADMITTED, False, "WaitingForKueue", message, at=ps.now,
+                                 generation=ps.meta.generation)
+        if ps.phase in (Phase.PENDING, Phase.STARTING, Phase.QUEUED):
+            ps.status.phase = Phase.QUEUED
+            ps.status.message = message
+    elif pods:
+        job_status.set_condition(ps.status, kueue.ADMITTED, True, "Admitted",
+                                 f"Kueue admitted pod group {pods[0].group} ({total} pods) from LocalQueue "
+                                 f"{ps.job.queue_name}", at=ps.now, generation=ps.meta.generation)
+        if ps.phase == Phase.QUEUED:
+            ps.status.phase = Phase.STARTING
+
+
+def _startup(ps: _Pass) -> None:
+    """While Starting: why pods wait (status.message, StartupBlocked, an Event when it changes), and
+    startupDeadlineSeconds."""
+    assert ps.job is not None
+    deleting = {pod.name for pod in ps.plan.delete}
+    waiting = [(pod.name, pod.waiting) for pod in sorted(ps.live, key=lambda p: p.name)
+               if pod.waiting is not None and pod.name not in deleting]
+    summary = startup.summarize(waiting) if ps.phase == Phase.STARTING else None
+    old = job_status.get_condition(ps.status, startup.STARTUP_BLOCKED)
+    if summary is not None:
+        reason, message = summary
+        if old is None or old.status != "True" or startup.family(old.reason) != startup.family(reason):
+            ps.plan.events.append(Event("Warning", reason, message))
+        job_status.set_condition(ps.status, startup.STARTUP_BLOCKED, True, reason, message, at=ps.now,
+                                 generation=ps.meta.generation)
+        ps.status.message = message
+    elif ps.phase != Phase.FAILED:
+        if old is not None:  # set once a problem was seen; False again when it is gone
+            job_status.set_condition(ps.status, startup.STARTUP_BLOCKED, False, "NoProblemSeen", "", at=ps.now,
+                                     generation=ps.meta.generation)
+        if ps.phase in (Phase.STARTING, Phase.RUNNING) and ps.status.reason is None:
+            ps.status.message = None
+    _startup_deadline(ps, old.message if old is not None and old.status == "True" else None)
+
+
+def _startup_deadline(ps: _Pass, last_problem: str | None) -> None:
+    assert ps.job is not None
+    limit = ps.job.spec.startup_deadline_seconds
+    if limit is None or ps.phase != Phase.STARTING:
+        return
+    # From the latest of: the pods' creation (or resume), Kueue's admission, the job leaving Running.
+    marks = [ps.status.start_time]
+    for type_, value in ((kueue.ADMITTED, "True"), (job_status.RUNNING, "False")):
+        condition = job_status.get_condition(ps.status, type_)
+        if condition is not None and condition.status == value:
+            marks.append(condition.last_transition_time)
+    since = max((mark for mark in marks if mark is not None), default=None)
+    if since is None:
+        return
+    due = since + timedelta(seconds=limit)
+    if ps.now < due:
+        ps.plan.wake(due, ps.now)
+        return
+    degraded = job_status.get_condition(ps.status, job_status.DEGRADED)
+    why = (ps.status.message or last_problem
+           or (degraded.message if degraded is not None and degraded.status == "True" else None)
+           or "no pod reported a problem: the pods were still starting")
+    ps.plan.create.clear()
+    ps.plan.ensure_services = False
+    ps.fail(startup.STARTUP_DEADLINE_EXCEEDED,
+            f"the job was not Running within startupDeadlineSeconds ({limit} s); last seen: {why}",
+            keep_ended_learner=False)
+
+
 STEPS: tuple[Callable[[_Pass], None], ...] = (_validate, _finished, _learner_succeeded, _suspend, _deadline,
-                                              _check_head, _check_learner, _follow_learner_replicas, _follow_workers,
-                                              _observe)
+                                              _check_head, _check_learner, _follow_learner_replicas, _regroup,
+                                              _follow_workers, _queued, _observe, _startup)
 
 
 def learner_name(meta: JobMeta) -> str:
@@ -591,6 +700,7 @@ def _problems_text(problems: list[Problem]) -> str:
 
 _TRANSITION_EVENTS: dict[Phase, tuple[str, str]] = {
     Phase.PENDING: ("Normal", "Pending"),
+    Phase.QUEUED: ("Normal", "Queued"),
     Phase.STARTING: ("Normal", "Starting"),
     Phase.RUNNING: ("Normal", "Running"),
     Phase.SUCCEEDED: ("Normal", "Succeeded"),
@@ -607,9 +717,12 @@ def _finish(decided: Plan, meta: JobMeta, before: Phase, now: datetime, job: RLT
     d = status.workers_desired
     if phase == Phase.FAILED:
         status.workers_ready, status.workers = 0, job_status.workers_column(0, d)
+    if phase not in (Phase.FAILED, Phase.QUEUED, Phase.STARTING):
+        status.message = None  # what a queued or starting job waited for is over
 
     message_for = {
         Phase.PENDING: "waiting for the operator to create the job's pods",
+        Phase.QUEUED: status.message or "waiting for Kueue to admit the job's pods",
         Phase.STARTING: f"waiting for the Ray head, the learner and {d} rollout workers to be ready",
         Phase.RUNNING: "the learner is training",
         Phase.SUCCEEDED: _summary(status),
