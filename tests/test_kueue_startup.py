@@ -228,3 +228,15 @@ def test_the_readme_queue_setup_admits_the_example_job_as_one_group():
         need = sum(max([asks(p["spec"]["containers"]), *(asks([c]) for c in p["spec"].get("initContainers", []))])
                    for p in pods)
         assert 0 < need <= limit, (resource, need, limit)
+
+
+def test_data_parallel_learner_replicas_are_members_of_the_gang(queued, job_dict):
+    """learner.replicas: 2 adds a learner pod: it is gated with the rest and counted in the group."""
+    job_dict["spec"]["learner"] = {**job_dict["spec"].get("learner", {}), "replicas": 2}
+    sim = Sim(job_dict)
+    plan = sim.step()
+    assert len(plan.create) == kueue.gang_size(sim.job()) == 1 + 2 + 2  # head, 2 learners, 2 workers
+    for pod in plan.create:
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "5"
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "cartpole-ppo-g0-n5"
+        assert pod["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}]
