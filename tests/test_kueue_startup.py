@@ -235,7 +235,7 @@ def test_data_parallel_learner_replicas_are_members_of_the_gang(queued, job_dict
     job_dict["spec"]["learner"] = {**job_dict["spec"].get("learner", {}), "replicas": 2}
     sim = Sim(job_dict)
     plan = sim.step()
-    assert len(plan.create) == kueue.gang_size(sim.job()) == 1 + 2 + 2  # head, 2 learners, 2 workers
+    assert len(plan.create) == kueue.gang_size(sim.job()[0]) == 1 + 2 + 2  # head, 2 learners, 2 workers
     for pod in plan.create:
         assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "5"
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "cartpole-ppo-g0-n5"
