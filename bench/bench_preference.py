@@ -49,7 +49,7 @@ def score(algo, env_kwargs: dict[str, Any]) -> dict[str, float]:
         step = info.get("final_info", info) if truncated.any() else info
         total += np.where(running, reward, 0.0)
         slo += np.where(running, np.asarray(step["slo_violation"], float), 0.0)
-        dropped += np.where(running, np.asarray(step["dropped"], float) + np.asarray(step["dropped_low_priority"], float), 0.0)
+        dropped += np.where(running, np.asarray(step["dropped"], float), 0.0)  # high and low priority
         running &= ~(terminated | truncated)
     env.close()
     return {"mean_return": float(total.mean()), "slo_violation_steps": float(slo.mean()),

@@ -218,6 +218,7 @@ class PreferenceAligner:
             with torch.no_grad():
                 scores = segment_scores(features_fn, self.head, obs.flatten(0, 1), actions.flatten(0, 1)).view(-1, 2)
             acc, strict = accuracy(scores[:, 0], scores[:, 1], labels)
+            out["preference_held_out_pairs"] = float(strict)  # strict ("equal" excluded) among the newest
             if strict:
                 out["preference_accuracy"] = acc
         return out
