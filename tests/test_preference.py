@@ -164,3 +164,59 @@ def test_exact_teacher_accuracy_and_a_pair_appended_while_training_is_used(tmp_p
     assert last["preference_accuracy"] >= 0.9, last
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged[-1]["preference_pairs_used"] == last["preference_pairs_used"] > 500
+
+
+def _candidate(pair: str, slo_a: list[int], readable: bool = True) -> dict:
+    def seg(side, slo):
+        n = len(slo)
+        measures = {key: [None] * n for key in MEASURES}
+        if readable:
+            measures.update(arrivals=[40.0] * n, instances=[3.0] * n, utilisation=[0.8] * n,
+                            latency_ms=[900.0 if s else 80.0 for s in slo], slo_violation=[float(s) for s in slo],
+                            dropped=[0.0] * n)
+        return {"id": pair + side, "obs": [[0.1, 0.2]] * n, "actions": [[1]] * n, "rewards": [-1.0] * n,
+                "measures": measures}
+    return {"pair": pair, "segments": {"a": seg("a", slo_a), "b": seg("b", [0] * len(slo_a))}}
+
+
+def test_cli_shows_candidates_side_by_side_and_appends_rankings(tmp_path, capsys):
+    from kuberl.trainer.cli import main
+
+    prefs = tmp_path / "preferences"
+    prefs.mkdir()
+    (prefs / "candidates.jsonl").write_text("".join(json.dumps(c) + "\n" for c in (
+        _candidate("c0ffee01", [1, 1, 0]), _candidate("c0ffee02", [0, 1, 0]))))
+    assert main(["preferences", str(tmp_path), "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 unranked candidate pairs; the newest 1:" in out and "pair c0ffee02" in out and "c0ffee01" not in out
+    assert "load" in out and "lat ms" in out and "A: return -3.0, SLO-violation steps 1" in out
+    assert "--pair c0ffee02 --prefer a|b|equal" in out
+
+    assert main(["preferences", str(tmp_path), "--pair", "c0ffee02", "--prefer", "b"]) == 0
+    line = json.loads((prefs / "pairs.jsonl").read_text())
+    assert parse_ranking(json.dumps(line)) == ("c0ffee02a", "c0ffee02b", 0.0)
+    assert main(["preferences", str(tmp_path)]) == 0
+    assert "1 unranked" in capsys.readouterr().out  # the ranked pair is no longer offered
+
+    assert main(["preferences", str(tmp_path), "--pair", "c0ffee02", "--prefer", "a"]) == 2
+    assert "ranked already" in capsys.readouterr().err
+    assert main(["preferences", str(tmp_path), "--pair", "nothere", "--prefer", "a"]) == 2
+    assert "is not a candidate" in capsys.readouterr().err
+    assert main(["preferences", str(tmp_path), "--pair", "c0ffee01"]) == 2
+    assert "--pair and --prefer go together" in capsys.readouterr().err
+    assert main(["preferences", str(tmp_path / "elsewhere")]) == 2
+    assert "has no candidates" in capsys.readouterr().err
+
+
+def test_cli_interactive_ranking_and_an_env_without_autoscaling_measures(tmp_path):
+    import io
+
+    from kuberl.trainer.preferences.ranking import show
+
+    prefs = tmp_path / "preferences"
+    prefs.mkdir()
+    (prefs / "candidates.jsonl").write_text(json.dumps(_candidate("beef0001", [0, 0], readable=False)) + "\n")
+    out = io.StringIO()
+    assert show(tmp_path, prefs / "pairs.jsonl", 3, out=out, interactive=True, answers=io.StringIO("x\ne\n")) == 1
+    assert "A: action, reward, obs[:4]" in out.getvalue() and "prefer equal" in out.getvalue()
+    assert json.loads((prefs / "pairs.jsonl").read_text())["prefer"] == "equal"
