@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import RESULTS, autoscaling_eval_seeds, autoscaling_job, autoscaling_machine, example_job, write_json
+from common import (
+    RESULTS,
+    autoscaling_eval_seeds,
+    autoscaling_job,
+    autoscaling_machine,
+    example_job,
+    write_json,
+)
 
 PATTERNS = ("SINE_CURVE", "SINUSOIDAL", "STEADY", "SPIKE", "POISSON", "RANDOM")
 

@@ -10,7 +10,6 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from kuberl.api.job import BDQConfig, PreferenceTeacherSpec
 from kuberl.trainer.algorithms.bdq import BDQ
 from kuberl.trainer.preferences.pairs_file import PairsReader, parse_ranking

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from kuberl.api.job import PreferenceSpec
 from kuberl.trainer.preferences.head import PairStore, PreferenceHead, accuracy, bt_loss, segment_scores
 from kuberl.trainer.preferences.people import PeoplesPairs
@@ -62,7 +61,7 @@ class PreferenceAligner:
         self.rng = np.random.default_rng([seed, 7919])
         self.cutter = SegmentCutter(cfg.segment_length)
         self.pool = SegmentPool(POOL_SEGMENTS)
-        store = lambda n: PairStore(n, cfg.segment_length, obs_dim, len(branches), device)  # noqa: E731
+        store = lambda n: PairStore(n, cfg.segment_length, obs_dim, len(branches), device)
         self.train = store(cfg.max_pairs)
         self.held_out = store(max(16, int(cfg.max_pairs * cfg.held_out_fraction) + 1))
         self.counts = collections.Counter()  # pairs the teacher labelled

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from kuberl.trainer.networks import MLP
+from torch import nn
 
 
 class PreferenceHead(nn.Module):

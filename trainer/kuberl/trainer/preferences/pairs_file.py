@@ -30,7 +30,7 @@ def parse_ranking(line: str) -> tuple[str, str, float]:
     except json.JSONDecodeError as err:
         raise ValueError(f"not JSON ({err.msg})") from None
     if not isinstance(record, dict):
-        raise ValueError("not a JSON object")
+        raise ValueError("not a JSON object")  # noqa: TRY004 -- a bad line, skipped and counted as such
     for key in ("a", "b"):
         if not isinstance(record.get(key), str) or not record[key]:
             raise ValueError(f"{key!r} must be a segment id (a string from candidates.jsonl)")

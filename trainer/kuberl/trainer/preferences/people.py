@@ -11,10 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, PreferenceSpec
 from kuberl.trainer.preferences.pairs_file import (
-    CANDIDATES_FILE, PAIRS_FILE, PREFERENCES_DIR, PairsReader, append_jsonl, parse_ranking, read_candidates,
+    CANDIDATES_FILE,
+    PAIRS_FILE,
+    PREFERENCES_DIR,
+    PairsReader,
+    append_jsonl,
+    parse_ranking,
+    read_candidates,
 )
 from kuberl.trainer.preferences.steps import MEASURES
 

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-
 from kuberl.trainer.preferences.pairs_file import (
-    CANDIDATES_FILE, PAIRS_FILE, PREFER_VALUES, PREFERENCES_DIR, append_jsonl, parse_ranking, ranking_record,
+    CANDIDATES_FILE,
+    PAIRS_FILE,
+    PREFER_VALUES,
+    PREFERENCES_DIR,
+    append_jsonl,
+    parse_ranking,
+    ranking_record,
     read_candidates,
 )
 
@@ -108,7 +113,7 @@ def _step(seg: dict[str, Any], t: int, cols) -> str:
             cells.append(fmt.format("!" if v else "."))
         else:
             cells.append(fmt.format(v) if v is not None else fmt.format(float("nan")))
-    return " ".join(cells) + f" {str(seg['actions'][t]):>9} {seg['rewards'][t]:7.2f}"
+    return " ".join(cells) + f" {seg['actions'][t]!s:>9} {seg['rewards'][t]:7.2f}"
 
 
 def _plain(seg: dict[str, Any], t: int) -> str:
@@ -135,7 +140,7 @@ def rank(run_dir: Path, pairs: Path, pair: str, prefer: str) -> str:
         raise RankingError(f"--prefer {prefer!r}; allowed values: a, b, equal")
     candidates = {c["pair"] for c in read_candidates(run_dir / PREFERENCES_DIR / CANDIDATES_FILE)}
     if pair not in candidates:
-        newest = ", ".join(list(reversed(sorted(candidates)))[:5]) or "none"
+        newest = ", ".join(sorted(candidates, reverse=True)[:5]) or "none"
         raise RankingError(f"--pair {pair!r} is not a candidate of {run_dir} (`kuberl preferences {run_dir}` lists "
                            f"them; some ids: {newest})")
     if pair in ranked_pairs(pairs):
