@@ -3,10 +3,10 @@
 The job is examples/autoscaling-bdq.yaml (AutoscalingMulti-v0, macro/micro split) on each of the
 six load patterns, with sync collection from 1 worker x 8 envs, the same env-step budget and the
 same seeds for both contenders:
-  - bdq:       the example's BDQ as it is;
-  - bdq+pref:  the same with `preference: {}` (the defaults: weight 1, 25-step segments, the exact
-               synthetic teacher counting SLO-violation steps and steps above 90% utilisation,
-               no reward shaping), optionally a third contender with `--shaping BETA`.
+  - bdq:       the example's BDQ without its `preference` head;
+  - bdq+pref:  the example as it is (its preference settings are the defaults: weight 1, 25-step
+               segments, the exact synthetic teacher counting SLO-violation steps and steps above 90%
+               utilisation, no reward shaping); optionally a third contender with `--shaping BETA`.
 Each trained policy is scored greedily on the benchmark's 20 evaluation traces (seeds 10000-10019):
 mean return, SLO-violation steps and dropped requests (high and low priority) per episode, and the
 preference head's last held-out accuracy. Target (issue 18): fewer SLO violations on >= 4 of 6
@@ -73,6 +73,7 @@ def run_one(base: dict, pattern: str, seed: int, budget: int, preference: dict |
     spec["evaluation"] = {"enabled": False}
     spec["collection"] = {"mode": "sync", "fragmentSteps": 32}
     spec["rolloutWorkers"] = {"replicas": 1, "envsPerWorker": 8}
+    spec["algorithm"]["bdq"].pop("preference", None)
     if preference is not None:
         spec["algorithm"]["bdq"]["preference"] = preference
     seen: dict[str, Any] = {}
@@ -126,9 +127,10 @@ def main() -> None:
 
     start_ray(None, local_slots=2)
     base = example_job("autoscaling-bdq")
-    contenders: dict[str, dict | None] = {"bdq": None, "bdq+pref": {}}
+    example = base["spec"]["algorithm"]["bdq"]["preference"]
+    contenders: dict[str, dict | None] = {"bdq": None, "bdq+pref": example}
     if args.shaping is not None:
-        contenders["bdq+pref+shaping"] = {"rewardShaping": args.shaping}
+        contenders["bdq+pref+shaping"] = {**example, "rewardShaping": args.shaping}
     runs: dict[str, dict[str, list[dict]]] = {}
     record = {"machine": autoscaling_machine(), "budget_env_steps": args.budget, "seeds": args.seeds,
               "job": "examples/autoscaling-bdq.yaml, sync collection, 1 worker x 8 envs, no evaluation in train()",
