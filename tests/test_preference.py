@@ -219,3 +219,28 @@ def test_cli_interactive_ranking_and_an_env_without_autoscaling_measures(tmp_pat
     assert show(tmp_path, prefs / "pairs.jsonl", 3, out=out, interactive=True, answers=io.StringIO("x\ne\n")) == 1
     assert "A: action, reward, obs[:4]" in out.getvalue() and "prefer equal" in out.getvalue()
     assert json.loads((prefs / "pairs.jsonl").read_text())["prefer"] == "equal"
+
+
+def test_checkpoint_keeps_the_head_its_pairs_and_where_the_pairs_file_was_read_to(tmp_path):
+    pref = {"segmentLength": 5}
+    algo = _bdq(pref, 0, 1000)
+    algo.attach_run_dir(tmp_path)
+    rng = np.random.default_rng(0)
+    seg = lambda: {"obs": rng.normal(size=(6, 5, algo.info.obs_dim)).astype(np.float32),
+                   "actions": rng.integers(0, 3, size=(6, 5, 1))}
+    algo.preference._add_pairs(seg(), seg(), np.ones(6, np.float32))
+    pairs = tmp_path / "preferences" / "pairs.jsonl"
+    pairs.parent.mkdir()
+    pairs.write_text('{"a": "gone-a", "b": "gone-b", "prefer": "a"}\n')
+    algo.preference.ingest([])
+    assert algo.preference.people.counts["rejected"] == 1
+    state = algo.state_dict()
+
+    resumed = _bdq(pref, 5, 1000)
+    resumed.load_state_dict(state)
+    resumed.attach_run_dir(tmp_path)  # as run.py does, after the checkpoint is loaded
+    for name, p in algo.preference.head.state_dict().items():
+        torch.testing.assert_close(resumed.preference.head.state_dict()[name], p)
+    assert resumed.preference.train.size + resumed.preference.held_out.size == 6
+    resumed.preference.ingest([])
+    assert resumed.preference.people.counts["rejected"] == 1  # the line is not read (and rejected) again
