@@ -113,6 +113,23 @@ def summarise(runs: dict[str, dict[str, list[dict]]], contenders: list[str]) -> 
     return {"patterns": table, "patterns_target_met": wins}
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The summary as the README's table: per pattern, each contender's mean over seeds."""
+    lines = [("| pattern | seeds | return: bdq / +pref | change | SLO-violation steps: bdq / +pref "
+             "| dropped requests: bdq / +pref | target met |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+    for pattern, row in result["summary"]["patterns"].items():
+        if "bdq" not in row or "bdq+pref" not in row:
+            continue
+        a, b = row["bdq"], row["bdq+pref"]
+        lines.append(f"| {pattern} | {min(a['seeds'], b['seeds'])} | {a['mean_return']:.1f} / {b['mean_return']:.1f} "
+                     f"| {row['return_change_pct']:+.1f}% | {a['slo_violation_steps']:.1f} / "
+                     f"{b['slo_violation_steps']:.1f} | {a['dropped_requests']:.0f} / {b['dropped_requests']:.0f} "
+                     f"| {'yes' if row['target_met'] else 'no'} |")
+    lines.append(f"\nTarget (fewer SLO violations at no more than 2% lower return) met on "
+                 f"{result['summary']['patterns_target_met']} of {len(result['summary']['patterns'])} patterns.")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=20_000)
@@ -121,7 +138,13 @@ def main() -> None:
     parser.add_argument("--shaping", type=float, default=None, help="also run bdq+pref with rewardShaping BETA")
     parser.add_argument("--output", type=Path, default=RESULTS / "preference_head.json")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kuberl-bench-preference"))
+    parser.add_argument("--table", action="store_true", help="print --output's table (markdown) and exit")
     args = parser.parse_args()
+    if args.table:
+        import json
+
+        print(markdown(json.loads(args.output.read_text())))
+        return
 
     from kuberl.trainer.workers import start_ray
 
@@ -143,7 +166,9 @@ def main() -> None:
                 runs.setdefault(pattern, {}).setdefault(name, []).append({"seed": seed, **out})
                 print(f"{pattern} {name} seed {seed}: {out}", flush=True)
                 write_json(args.output, {**record, "summary": summarise(runs, list(contenders)), "runs": runs})
-    print(write_json(args.output, {**record, "summary": summarise(runs, list(contenders)), "runs": runs}))
+    result = {**record, "summary": summarise(runs, list(contenders)), "runs": runs}
+    print(write_json(args.output, result))
+    print(markdown(result))
 
 
 if __name__ == "__main__":
