@@ -118,6 +118,9 @@ BAD = {
     "no-stopping-limit": (spec(stopping={"targetReturn": 475}), "spec.stopping", "at least one of maxEpisodes"),
     "async-ppo": (spec(collection={"mode": "async"}), "spec", "async needs an off-policy algorithm"),
     "serving-without-claim": (spec(serving={}), "spec", "serving needs checkpointing.volume.claimName"),
+    "preference-file-and-config-map": (lambda m: m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {
+        "pairsFile": "p.jsonl", "configMap": "pairs"}}), "spec.algorithm.bdq.preference",
+        "pairsFile and configMap exclude each other"),
     "serving-ports-equal": (lambda m: m["spec"].update(serving={"port": 9000, "metricsPort": 9000}, checkpointing={
         "volume": {"claimName": "checkpoints"}}), "spec.serving", "port and metricsPort must differ"),
 }
@@ -144,6 +147,8 @@ GOOD = {
     "async-dqn": lambda m: (m["spec"].update(collection={"mode": "async"}),
                             m["spec"]["algorithm"].update(name="DQN")),
     "episodes-only": spec(stopping={"maxEpisodes": 10}),
+    "preference-config-map": lambda m: m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {
+        "configMap": "pairs"}}),
 }
 
 

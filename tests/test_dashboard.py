@@ -45,6 +45,8 @@ REQUIRED_PANELS = {
     "rollout workers ready": "kuberl_rollout_workers_ready",
     "learner loss": "kuberl_learner_loss",
     "checkpoint age": "kuberl_checkpoint_timestamp_seconds",
+    "preference head accuracy": "kuberl_preference_accuracy",
+    "preference pairs used": "kuberl_preference_pairs_used",
     "operator jobs by phase": "kuberl_operator_jobs",
     "operator reconcile latency": "kuberl_operator_reconcile_duration_seconds_bucket",
 }

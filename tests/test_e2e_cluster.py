@@ -237,6 +237,26 @@ def test_two_data_parallel_learners_train_to_complete(bed):
     delete_and_check_nothing_left(bed, "cartpole-ddp")
 
 
+def test_bdq_preference_pairs_from_a_config_map_reach_the_learner(bed):
+    """The operator mounts spec.algorithm.bdq.preference.configMap into the learner pod; the learner
+    reads its pairs.jsonl while training and skips what it cannot use (no crash), saying why."""
+    pairs = '{"a": "feed0001a", "b": "feed0001b", "prefer": "a"}\nnot json\n'
+    apply(bed, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "ranked-pairs", "namespace": NS},
+                "data": {"pairs.jsonl": pairs}})
+    job = example("autoscaling-bdq.yaml", **{
+        "algorithm.bdq.preference.configMap": "ranked-pairs", "algorithm.bdq.learningStarts": 500,
+        "stopping": {"maxEnvSteps": 3000}, "evaluation": {"enabled": False},
+        "rolloutWorkers.replicas": 1, "collection": {"mode": "sync", "fragmentSteps": 32}})
+    job["metadata"]["name"] = "autoscaling-pref"
+    apply(bed, job)
+    wait_complete(bed, "autoscaling-pref", 600)
+    logs = bed.kubectl("logs", "-n", NS, "autoscaling-pref-learner").stdout
+    assert "preference pairs: reading /etc/kuberl/preferences/pairs.jsonl" in logs, logs[-3000:]
+    assert "unknown segment id 'feed0001a'" in logs and "line skipped: not JSON" in logs, logs[-3000:]
+    delete_and_check_nothing_left(bed, "autoscaling-pref")
+    bed.kubectl("delete", "configmap", "ranked-pairs", "-n", NS)
+
+
 # ---- the trust boundary, on real containers --------------------------------------------------------------
 
 _GCS_PROBE = """

@@ -267,3 +267,18 @@ def test_names_fit_kubernetes_limits():
     assert len(names.worker_pod(longest, 511)) <= 63
     assert len(names.learner_network_policy(longest)) <= 63
     assert len(names.metrics_service(longest)) <= 63
+
+
+def test_learner_mounts_the_preference_config_map_read_only_and_optional(job_dict):
+    job_dict["spec"]["algorithm"] = {"name": "BDQ", "bdq": {"preference": {"configMap": "ranked-pairs"}}}
+    pod = builders.build_learner_pod(parse_job(job_dict), OPTIONS)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["preferences"] == {"name": "preferences", "configMap": {"name": "ranked-pairs", "optional": True}}
+    (container,) = pod["spec"]["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["preferences"] == {"name": "preferences", "mountPath": "/etc/kuberl/preferences", "readOnly": True}
+    assert_restricted(pod)
+    kubernetes_validate.validate(pod, "1.31", strict=True)
+    job_dict["spec"]["algorithm"] = {"name": "BDQ", "bdq": {"preference": {}}}
+    plain = builders.build_learner_pod(parse_job(job_dict), OPTIONS)
+    assert "preferences" not in {v["name"] for v in plain["spec"]["volumes"]}

@@ -222,6 +222,100 @@ class BDQConfig(DQNConfig):
         description="How branch targets are formed: the mean over branches of the target Q (BDQ paper "
         "default), the max, or each branch on its own.",
     )
+    preference: PreferenceSpec | None = Field(
+        default=None,
+        description="Preference-alignment head on the shared trunk, trained from ranked segment pairs "
+        "(README: Preference alignment). Unset: no head.",
+    )
+
+
+# ---- BDQ's preference-alignment head (trainer/kuberl/trainer/preferences/) ----------------------
+
+#: Where the learner pod mounts `preference.configMap` (its key pairs.jsonl is the pairs file).
+PREFERENCE_CONFIGMAP_MOUNT = "/etc/kuberl/preferences"
+
+
+class OverloadSpec(_Model):
+    utilisation_above: float = Field(
+        default=0.9, gt=0, le=10, description="A step counts as overloaded when the env's info utilisation exceeds this."
+    )
+    weight: float = Field(default=1.0, ge=0, le=1000, description="Weight of one overloaded step.")
+
+
+class PreferenceTeacherSpec(_Model):
+    """The synthetic teacher: of two segments, the one with the lower violation score is preferred, where
+    score = sloViolation * SLO-violation steps + overload.weight * overloaded steps
+          + droppedLowPriority * dropped low-priority requests (info keys slo_violation, utilisation,
+            dropped_low_priority; the env must report those whose weight is above 0)."""
+
+    slo_violation: float = Field(default=1.0, ge=0, le=1000, description="Weight of one SLO-violation step.")
+    overload: OverloadSpec | None = Field(
+        default_factory=OverloadSpec, description="Overload (utilisation above a bound); null: not counted."
+    )
+    dropped_low_priority: float = Field(
+        default=0.0, ge=0, le=1000,
+        description="Weight of one dropped or shed low-priority request (AutoscalingMulti-v0's info).",
+    )
+    mistake_rate: float = Field(
+        default=0.0, ge=0, le=0.5,
+        description="Probability that a label is flipped (BPref's mistake teacher); 0: the exact teacher.",
+    )
+    pairs_per_iteration: int = Field(
+        default=8, ge=0, le=1024, description="Segment pairs the teacher labels per learner iteration."
+    )
+
+
+class PreferenceSpec(_Model):
+    """Bradley-Terry preference head (Christiano et al. 2017; Ibarz et al. 2018) on BDQ's shared trunk."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.pairsFile) || !has(self.configMap)",
+        "message": "pairsFile and configMap exclude each other: the ConfigMap's pairs.jsonl is the file"}]})
+
+    weight: float = Field(
+        default=1.0, ge=0, le=100,
+        description="Weight of the preference (Bradley-Terry) loss added to the TD loss in the same backward "
+        "pass; its gradient reaches the shared trunk. The TD loss itself is unchanged.",
+    )
+    segment_length: int = Field(
+        default=25, ge=2, le=1000, description="Steps per trajectory segment (consecutive steps of one env copy)."
+    )
+    batch_size: int = Field(default=32, ge=1, le=4096, description="Ranked pairs per preference-loss step.")
+    teacher: PreferenceTeacherSpec | None = Field(
+        default_factory=PreferenceTeacherSpec,
+        description="Synthetic teacher from the spec's constraints; null: only pairs people rank.",
+    )
+    pairs_file: str | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description="JSONL of ranked pairs, re-read while training; relative paths are under the run "
+        "directory. Unset: preferences/pairs.jsonl in the run directory (on a cluster, the checkpoint "
+        "volume), or pairs.jsonl of configMap when set.",
+    )
+    config_map: DnsSubdomain | None = Field(
+        default=None,
+        description="ConfigMap holding ranked pairs under the key pairs.jsonl, mounted into the learner pod; "
+        "edits reach training without a restart (the kubelet refreshes the volume).",
+    )
+    held_out_fraction: float = Field(
+        default=0.2, ge=0, le=0.5, description="Fraction of ranked pairs kept out of training to measure accuracy."
+    )
+    candidates_per_iteration: int = Field(
+        default=1, ge=0, le=64,
+        description="Candidate segment pairs per iteration written to preferences/segments.jsonl for people "
+        "to rank (`kuberl preferences RUN_DIR`).",
+    )
+    reward_shaping: float = Field(
+        default=0.0, ge=0, le=10,
+        description="beta: TD targets use r + beta * the head's standardised step score of (s, a); 0 (default): "
+        "the head only regularises the trunk.",
+    )
+    max_pairs: int = Field(default=20_000, ge=16, le=1_000_000, description="Ranked pairs kept (oldest dropped).")
+
+    @model_validator(mode="after")
+    def _one_pairs_source(self) -> PreferenceSpec:
+        if self.pairs_file is not None and self.config_map is not None:
+            raise ValueError("pairsFile and configMap exclude each other: the ConfigMap's pairs.jsonl is the file")
+        return self
 
 
 class QLearningConfig(_Model):

@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 from kuberl.api import kube
-from kuberl.api.job import Resources, RLTrainingJob
+from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, AlgorithmName, Resources, RLTrainingJob
 from kuberl.api.learner_slots import extra_learners, learner_slots
 from kuberl.api.rollout_slots import rollout_slots
 from kuberl.operator import names
@@ -310,6 +310,17 @@ def checkpoint_volume(job: RLTrainingJob) -> dict[str, Any]:
     return {"name": "checkpoints", "emptyDir": empty_dir}
 
 
+def preference_config_map(job: RLTrainingJob) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """BDQ's preference.configMap as the learner's (volume, mount): read-only, and optional, so the
+    learner starts before anyone has ranked a pair; the kubelet refreshes it when the ConfigMap changes."""
+    algorithm = job.spec.algorithm
+    pref = algorithm.bdq.preference if algorithm.name == AlgorithmName.BDQ else None
+    if pref is None or pref.config_map is None:
+        return None
+    return ({"name": "preferences", "configMap": {"name": pref.config_map, "optional": True}},
+            {"name": "preferences", "mountPath": PREFERENCE_CONFIGMAP_MOUNT, "readOnly": True})
+
+
 def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> dict[str, Any]:
     """The learner: joins the head, trains, checkpoints to the volume, serves /metrics, exits 0 when done."""
     learner = job.spec.learner
@@ -337,12 +348,17 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
                                    "periodSeconds": 10, "failureThreshold": 3}
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                        "prometheus.io/path": "/metrics"}
+    volumes = [checkpoint_volume(job), shm]
+    preferences = preference_config_map(job)
+    if preferences is not None:
+        volumes.append(preferences[0])
+        extra["volumeMounts"].append(preferences[1])
     container = _container("learner", job, options, ["sh", "-c", _LEARNER_SCRIPT], learner.resources, env,
                            **extra)
     annotations = {**(annotations or {}), names.LEARNER_REPLICAS_ANNOTATION: str(job.spec.learner.replicas)}
     meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
                      annotations=annotations)
-    return _pod(meta, containers=[container], volumes=[checkpoint_volume(job), shm],
+    return _pod(meta, containers=[container], volumes=volumes,
                 node_selector=learner.node_selector,
                 init_containers=[_wait_for_head(job, options, learner.resources)])
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kuberl.trainer.metrics import LearnerMetrics
+from kuberl.trainer.metrics import METRICS, LearnerMetrics
 
 
 @dataclass
@@ -96,6 +96,9 @@ def publish_iteration(metrics: LearnerMetrics, counters: Counters, tally: Tally)
         metrics.set("kuberl_learner_loss", tally.last_loss)
     metrics.inc("kuberl_learner_wait_seconds_total", tally.learner_wait)
     metrics.inc("kuberl_worker_weight_wait_seconds_total", tally.worker_wait)
+    for key, value in tally.extra.items():  # the algorithm's figures that are metrics (kuberl_preference_*)
+        if METRICS.get(f"kuberl_{key}", ("",))[0] == "gauge" and not math.isnan(value):
+            metrics.set(f"kuberl_{key}", value)
 
 
 def publish_restored(metrics: LearnerMetrics, counters: Counters, desired_workers: int) -> None:

@@ -137,6 +137,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_preferences(args: argparse.Namespace) -> int:
+    from kuberl.trainer.preferences import ranking
+
+    run_dir = Path(args.run_dir)
+    try:
+        pairs = ranking.pairs_path(run_dir, args.pairs_file)
+        if (args.pair is None) != (args.prefer is None):
+            raise ranking.RankingError("--pair and --prefer go together: --pair ID --prefer a|b|equal")
+        if args.pair is not None:
+            print(ranking.rank(run_dir, pairs, args.pair, args.prefer))
+        else:
+            ranking.show(run_dir, pairs, args.limit, interactive=sys.stdin.isatty())
+    except ranking.RankingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _serve_flag_problems(args: argparse.Namespace) -> list:
     """`kuberl serve`'s numbers: --max-batch by spec.serving.maxBatch's rule (the operator passes it from
     there); a port outside a pod may be any TCP port (a pod's must be 1024 or more)."""
@@ -235,6 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "policy.onnx / policy.pt (greedy action from the flattened observation) beside them")
     p.add_argument("-o", "--output", help="artifact directory (default RUN_DIR/policy)")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("preferences", help="show a run's candidate segment pairs and rank them for the "
+                       "BDQ preference head (read while training)")
+    p.add_argument("run_dir", help="run directory (its preferences/candidates.jsonl)")
+    p.add_argument("--pair", help="candidate pair id to rank")
+    p.add_argument("--prefer", choices=["a", "b", "equal"], help="which segment of --pair is better")
+    p.add_argument("--limit", type=int, default=3, help="unranked pairs to show, newest first (default 3)")
+    p.add_argument("--pairs-file", help="pairs file to append to (default: the job's, or "
+                   "RUN_DIR/preferences/pairs.jsonl)")
+    p.set_defaults(func=_cmd_preferences)
 
     p = sub.add_parser("serve", help="serve a policy over HTTP: Open Inference Protocol (KServe v2) and /act")
     p.add_argument("path", help="an exported policy directory, or a run directory (its newest checkpoint)")

@@ -35,6 +35,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_evaluation_return_mean": ("gauge", "Mean return of the final deterministic evaluation."),
     "kuberl_evaluation_win_rate": ("gauge", "Win rate of an evaluation suite (two-player envs), labelled by suite."),
     "kuberl_job_finished": ("gauge", "1 once training has finished (stopping condition met), else 0."),
+    "kuberl_preference_accuracy": ("gauge", "Preference head: share of held-out ranked pairs it orders right."),
+    "kuberl_preference_pairs_used": ("gauge", "Preference head: ranked pairs taken in so far (teacher and people)."),
+    "kuberl_preference_pairs_human": ("gauge", "Preference head: ranked pairs taken in from the pairs file."),
+    "kuberl_preference_pairs_rejected": ("gauge", "Preference head: pairs-file lines skipped as malformed."),
+    "kuberl_preference_loss": ("gauge", "Preference head: mean Bradley-Terry loss over the last iteration."),
 }
 
 

@@ -163,6 +163,13 @@ def encoded_parts(info: SpaceInfo) -> tuple[tuple[str, int], ...]:
     return info.obs_parts if len(info.obs_parts) > 1 else ()
 
 
+def trunk_width(info: SpaceInfo, hidden: list[int]) -> int:
+    """Width of BranchingQNetwork.features: the trunk's last layer (the encoders' concatenation when
+    the trunk is that alone)."""
+    parts = encoded_parts(info)
+    return hidden[0] * len(parts) if parts and len(hidden) == 1 else hidden[-1]
+
+
 class BranchHeads(nn.Module):
     """The value head and every advantage branch, each a 2-layer MLP, computed as two batched layers:
     one Linear to all their hidden units, then each head's own output weights in one einsum (fewer,

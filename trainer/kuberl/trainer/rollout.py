@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from kuberl.trainer.policies import make_policy
+from kuberl.trainer.preferences.steps import StepRecorder
 from kuberl.trainer.selfplay import attach_self_play
 from kuberl.trainer.spaces import SpaceInfo, flatten_obs, space_info
 
@@ -92,14 +93,16 @@ class RolloutWorker:
     envs, its `GreedyEvaluator` plays evaluation episodes on env copies of their own."""
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
-                 policy: dict[str, Any], max_episode_steps: int | None = None, worker_index: int = 0):
+                 policy: dict[str, Any], max_episode_steps: int | None = None, worker_index: int = 0,
+                 record_steps: bool = False):
         self.worker_index = worker_index
         env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps)
         self.info = space_info(env.single_observation_space, env.single_action_space)
         self.rng = np.random.default_rng([seed, worker_index, 7])
         self.policy = make_policy(self.info, policy)
         self.weights_version = -1
-        self.sampler = Sampler(env, self.info, [seed * 10_007 + worker_index * 1_000 + i for i in range(num_envs)])
+        self.sampler = Sampler(env, self.info, [seed * 10_007 + worker_index * 1_000 + i for i in range(num_envs)],
+                               record_steps)
         self.evaluator = GreedyEvaluator(env_id, env_kwargs, max_episode_steps, self.info, env.single_observation_space)
         self.node = _ray_node_id()
         self._last_end: float | None = None  # end of the previous sample call: the gap is time spent waiting
@@ -212,8 +215,10 @@ class Sampler:
     """The worker's vector env and where its episodes stand. Each call steps every env `num_steps`
     times from where the previous call left them, and returns the batch the learner trains on."""
 
-    def __init__(self, env, info: SpaceInfo, seeds: list[int]):
+    def __init__(self, env, info: SpaceInfo, seeds: list[int], record_steps: bool = False):
         self.env, self.info = env, info
+        # Off-policy batches also carry per-step records (the preference head's segments): preferences/steps.py
+        self.recorder = StepRecorder() if record_steps else None
         self.num_envs = len(seeds)
         self.obs_space = env.single_observation_space
         raw_obs, reset_info = env.reset(seed=seeds)
@@ -280,9 +285,12 @@ class Sampler:
                     succ_mask = next_mask.copy()
                     succ_mask[ended] = _final_mask(step_info, ended, next_mask.shape[1])
             transitions.add(self.obs, actions, reward, succ_obs, terminated, done, succ_mask)
+            if self.recorder is not None:
+                self.recorder.add(self.obs, actions, reward, step_info, ended)
             self.obs, self.mask = next_obs, next_mask
         self.env_steps += num_steps * n
-        return {**transitions.drain(), **self.episodes.drain(), "env_steps": num_steps * n}
+        steps = {} if self.recorder is None else {"steps": self.recorder.drain()}
+        return {**transitions.drain(), **self.episodes.drain(), "env_steps": num_steps * n, **steps}
 
 
 def _onpolicy_arrays(info: SpaceInfo, num_steps: int, n: int, masked: bool) -> dict[str, np.ndarray]:

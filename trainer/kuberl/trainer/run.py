@@ -185,7 +185,9 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
     worker_args = {
         "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
         "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
+        "record_steps": algo.records_steps,
     }
+    algo.attach_run_dir(run.run_dir)
     run.workers = WorkerSet(worker_args, None if run.cluster else run.replicas, run.cluster,
                             spec.seed + 17 * counters.iterations, expected=run.replicas)
     # The loop's clock starts here: a run's wall clock includes starting its rollout workers.

@@ -63,6 +63,12 @@ class Algorithm:
     def n_step(self) -> int:
         return 1
 
+    #: Off-policy batches carry per-step records (`batch["steps"]`, preferences/steps.py) when True.
+    records_steps = False
+
+    def attach_run_dir(self, run_dir) -> None:
+        """Where the run keeps its files (the preference head's candidates and pairs file)."""
+
     @property
     def updates_held_back(self) -> int:
         """Updates a `max_updates` bound postponed; the next learn() applies them first."""

@@ -24,7 +24,8 @@ import torch
 from kuberl.api.job import BDQConfig
 from kuberl.trainer.algorithms.dqn import DQN
 from kuberl.trainer.buffers import ReplayBuffer
-from kuberl.trainer.networks import BranchingQNetwork, branch_sizes, encoded_parts
+from kuberl.trainer.networks import BranchingQNetwork, branch_sizes, encoded_parts, trunk_width
+from kuberl.trainer.preferences.aligner import PreferenceAligner
 
 
 def bdq_targets(q_online_next: list[torch.Tensor], q_target_next: list[torch.Tensor], rewards: torch.Tensor,
@@ -62,7 +63,46 @@ class BDQ(DQN):
 
     def __init__(self, cfg: BDQConfig, info, device, seed, total_env_steps):
         self.branches = branch_sizes(info)
+        self.preference = None
+        if cfg.preference is not None:  # built first: DQN's optimizer steps its parameters too
+            width = trunk_width(info, cfg.network.hidden_sizes)
+            self.preference = PreferenceAligner(cfg.preference, info.obs_dim, width, self.branches, device, seed)
         super().__init__(cfg, info, device, seed, total_env_steps)
+
+    # ---- the preference head (preferences/aligner.py): its hooks into DQN's runtime ----------------
+
+    @property
+    def records_steps(self) -> bool:
+        return self.preference is not None
+
+    def attach_run_dir(self, run_dir) -> None:
+        if self.preference is not None:
+            self.preference.attach_run_dir(run_dir)
+
+    def aux_parameters(self) -> list[torch.nn.Parameter]:
+        return [] if self.preference is None else list(self.preference.head.parameters())
+
+    def aux_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        return None if self.preference is None else self.preference.loss(self.q.features)
+
+    def learn(self, batches, env_steps, max_updates=None):
+        if self.preference is None:
+            return super().learn(batches, env_steps, max_updates)
+        self.preference.ingest(batches)  # takes the batches' per-step records out
+        stats = super().learn(batches, env_steps, max_updates)
+        stats.extra.update(self.preference.stats(self.q.features))
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.preference is not None:
+            state["preference"] = self.preference.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.preference is not None and "preference" in state:
+            self.preference.load_state_dict(state["preference"])
 
     def _make_network(self, info, hidden, act):
         return BranchingQNetwork(info, hidden, act, self.cfg.branch_hidden_size)
@@ -89,6 +129,9 @@ class BDQ(DQN):
         with torch.no_grad():
             q_target_next = self.q_target(batch["next_obs"])
             q_online_next = self.q(batch["next_obs"]) if self.cfg.double_q else q_target_next
-            return bdq_targets(q_online_next, q_target_next, batch["rewards"], batch["dones"],
+            rewards = batch["rewards"]
+            if self.preference is not None:  # rewardShaping > 0 only
+                rewards = self.preference.shaped_rewards(self.q.features, batch["obs"], batch["actions"], rewards)
+            return bdq_targets(q_online_next, q_target_next, rewards, batch["dones"],
                                batch["discounts"], self.cfg.target_aggregation, self.cfg.double_q,
                                batch.get("next_masks"))

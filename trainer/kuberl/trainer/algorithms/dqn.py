@@ -52,7 +52,7 @@ class DQN(Algorithm):
         self.q_target = self._make_network(info, hidden, act).to(device)
         self.q_target.load_state_dict(self.q.state_dict())
         self.q_target.requires_grad_(False)
-        self.optimizer = make_adam(self.q.parameters(), device, lr=cfg.learning_rate)
+        self.optimizer = make_adam([*self.q.parameters(), *self.aux_parameters()], device, lr=cfg.learning_rate)
         self.buffer = self._make_buffer(info, device)
         self._steps_since_train = 0
         self._held_back = 0  # updates owed but held back by async collection's staleness bound
@@ -144,14 +144,23 @@ class DQN(Algorithm):
         target = self.targets(batch)
         predicted = self.q_values_taken(batch["obs"], batch["actions"])
         loss = F.smooth_l1_loss(predicted, target) if cfg.loss == "huber" else F.mse_loss(predicted, target)
+        aux = self.aux_loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.average_gradients(self.q.parameters())
+        (loss if aux is None else loss + aux).backward()  # the TD loss reported is the critic's alone
+        self.average_gradients([*self.q.parameters(), *self.aux_parameters()])
         torch.nn.utils.clip_grad_norm_(self.q.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.gradient_updates += 1
         self._update_target()
         return loss.item()
+
+    def aux_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters of auxiliary heads the optimizer also steps (BDQ's preference head)."""
+        return []
+
+    def aux_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """An auxiliary loss added to the TD loss in the same backward pass (None: none)."""
+        return None
 
     def _update_target(self) -> None:
         if self.cfg.target_update == "hard":
