@@ -121,6 +121,12 @@ BAD = {
     "preference-file-and-config-map": (lambda m: m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {
         "pairsFile": "p.jsonl", "configMap": "pairs"}}), "spec.algorithm.bdq.preference",
         "pairsFile and configMap exclude each other"),
+    "replicas-qlearning": (lambda m: (m["spec"]["algorithm"].update(name="QLearning"),
+                                      m["spec"].update(learner={"replicas": 2})),
+                           "spec", "needs a gradient-based algorithm"),
+    "replicas-preference": (lambda m: (m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {}}),
+                                       m["spec"].update(learner={"replicas": 2})),
+                            "spec", "cannot be combined with algorithm.bdq.preference"),
     "serving-ports-equal": (lambda m: m["spec"].update(serving={"port": 9000, "metricsPort": 9000}, checkpointing={
         "volume": {"claimName": "checkpoints"}}), "spec.serving", "port and metricsPort must differ"),
 }
@@ -147,6 +153,7 @@ GOOD = {
     "async-dqn": lambda m: (m["spec"].update(collection={"mode": "async"}),
                             m["spec"]["algorithm"].update(name="DQN")),
     "episodes-only": spec(stopping={"maxEpisodes": 10}),
+    "replicas-two-bdq": lambda m: (m["spec"]["algorithm"].update(name="BDQ"), m["spec"].update(learner={"replicas": 2})),
     "preference-config-map": lambda m: m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {
         "configMap": "pairs"}}),
 }

@@ -657,8 +657,21 @@ SERVING_NEEDS_CLAIM = ("serving needs checkpointing.volume.claimName: the servin
                        "the checkpoint claim (an emptyDir dies with the learner pod)")
 
 
+DATA_PARALLEL_NEEDS_GRADIENTS = ("learner.replicas > 1 needs a gradient-based algorithm (PPO, DQN, BDQ), got "
+                                 "algorithm.name QLearning (a table has no gradients to average)")
+DATA_PARALLEL_WITHOUT_PREFERENCE = (
+    "learner.replicas > 1 cannot be combined with algorithm.bdq.preference yet: the preference head's pairs "
+    "and segments live with one learner; set learner.replicas: 1 or remove algorithm.bdq.preference")
+_MANY_LEARNERS_CEL = "has(self.learner) && has(self.learner.replicas) && self.learner.replicas > 1"
+
+
 class RLTrainingJobSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'QLearning')",
+        "message": DATA_PARALLEL_NEEDS_GRADIENTS}, {
+        "rule": f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'BDQ' && has(self.algorithm.bdq) && "
+                "has(self.algorithm.bdq.preference))",
+        "message": DATA_PARALLEL_WITHOUT_PREFERENCE}, {
         "rule": "!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
                 "self.algorithm.name != 'PPO'",
         "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO"}, {
@@ -723,8 +736,10 @@ class RLTrainingJobSpec(_Model):
     @model_validator(mode="after")
     def _data_parallel_needs_gradients(self) -> RLTrainingJobSpec:
         if self.learner.replicas > 1 and self.algorithm.name == AlgorithmName.QLEARNING:
-            raise ValueError("learner.replicas > 1 needs a gradient-based algorithm (PPO, DQN, BDQ), "
-                             "got algorithm.name QLearning (a table has no gradients to average)")
+            raise ValueError(DATA_PARALLEL_NEEDS_GRADIENTS)
+        if (self.learner.replicas > 1 and self.algorithm.name == AlgorithmName.BDQ
+                and self.algorithm.bdq.preference is not None):
+            raise ValueError(DATA_PARALLEL_WITHOUT_PREFERENCE)
         return self
 
 
