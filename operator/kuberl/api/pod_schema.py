@@ -34,7 +34,8 @@ _KEPT = ("description", "type", "format", "enum", "required")
 
 def generate() -> dict[str, Any]:
     """PodTemplateSpec of KUBERNETES_VERSION as a structural schema: $refs inlined, IntOrString and
-    Quantity as int-or-string, no nulls, no list-type markers (plain lists, merged by KubeRL's rules)."""
+    Quantity as int-or-string, no nulls, no list-type markers (plain lists, merged by KubeRL's rules),
+    free-form objects marked to keep their fields."""
     import kubernetes_validate  # dev dependency: only the generator needs it
 
     root = pathlib.Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"{KUBERNETES_VERSION}-local"
@@ -74,6 +75,8 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any], depth: int, seen: 
         out["items"] = _structural(schema["items"], defs, depth + 1, seen)
     if isinstance(schema.get("additionalProperties"), dict):
         out["additionalProperties"] = _structural(schema["additionalProperties"], defs, depth + 1, seen)
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True  # free-form JSON (managedFields' fieldsV1)
     return out
 
 
