@@ -325,7 +325,7 @@ def problems_from_validation_error(err: ValidationError, data: Any, lines: Mappi
 def _problem_at(loc: tuple, message: str, data: Any, lines: Mapping[tuple, int]) -> Problem:
     found, value = _lookup(data, loc)
     line = next((lines[loc[:cut]] for cut in range(len(loc), -1, -1) if loc[:cut] in lines), None)
-    quoted = found and not message.startswith("required") and not isinstance(value, (dict, list))
+    quoted = found and not message.startswith("required")
     return Problem(path=_format_loc(loc), message=message, value=value, line=line, has_value=quoted)
 
 
