@@ -66,7 +66,7 @@ def _json_values(value: dict[str, Any]) -> dict[str, Any]:
 JsonObject = Annotated[dict[str, Any], AfterValidator(_json_values)]
 
 
-def PodTemplate(role: str) -> Any:  # noqa: N802 - a type, spelled as one
+def PodTemplate(role: str) -> Any:  # a type, spelled as one
     """spec.<role>.template: Kubernetes' PodTemplateSpec (its schema in the CRD), checked and merged by
     kuberl.api.pod_template."""
     return Annotated[dict[str, Any] | None, AfterValidator(lambda v: v if v is None else pod_template.check(v, role)),

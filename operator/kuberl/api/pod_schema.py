@@ -81,7 +81,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any], depth: int, seen: 
 
 
 def _first_sentence(text: str) -> str:
-    match = re.match(r"(.+?\.)(\s|$)", text, re.S)
+    match = re.match(r"(.+?\.)(\s|$)", text, re.DOTALL)
     return match.group(1) if match else text
 
 

@@ -87,8 +87,8 @@ def owned_problems(template: dict[str, Any], role: str) -> list[tuple[tuple, str
             for field in OWNED_POD_FIELDS if field in spec]
     for i, volume in enumerate(spec.get("volumes") or []):
         if volume["name"] in OWNED_VOLUMES:
-            out.append((("spec", "volumes", i, "name"), f"{volume['name']!r} is a volume of the operator's "
-                        f"({', '.join(OWNED_VOLUMES)}); name yours differently"))
+            out.append((("spec", "volumes", i, "name"), (f"{volume['name']!r} is a volume of the operator's "
+                                                         f"({', '.join(OWNED_VOLUMES)}); name yours differently")))
     main = MAIN_CONTAINERS[role]
     for i, container in enumerate(spec.get("initContainers") or []):
         if container["name"] in (WAIT_FOR_HEAD, main):
@@ -112,12 +112,12 @@ def _owned_in_main(container: dict[str, Any], where: tuple, role: str) -> list[t
             out.append(((*where, field), f"is the operator's in its {container['name']!r} container{hint}"))
     for i, env in enumerate(container.get("env") or []):
         if env["name"] in OWNED_ENV or env["name"].startswith(OWNED_ENV_PREFIX):
-            out.append(((*where, "env", i, "name"), f"{env['name']!r} is set by the operator (KUBERL_* and "
-                        f"{', '.join(OWNED_ENV)} are its own)"))
+            out.append(((*where, "env", i, "name"), (f"{env['name']!r} is set by the operator (KUBERL_* and "
+                                                     f"{', '.join(OWNED_ENV)} are its own)")))
     for i, mount in enumerate(container.get("volumeMounts") or []):
         if mount["mountPath"] in OWNED_MOUNT_PATHS:
-            out.append(((*where, "volumeMounts", i, "mountPath"), f"{mount['mountPath']!r} is mounted by the operator "
-                        f"({', '.join(OWNED_MOUNT_PATHS)})"))
+            out.append(((*where, "volumeMounts", i, "mountPath"),
+                        f"{mount['mountPath']!r} is mounted by the operator ({', '.join(OWNED_MOUNT_PATHS)})"))
     return out
 
 
