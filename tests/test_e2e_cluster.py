@@ -360,8 +360,9 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
     assert seen["Config"]["User"] == "1000:1000", seen["Config"]
     assert any("no-new-privileges" in opt for opt in seen["HostConfig"]["SecurityOpt"]), seen["HostConfig"]
     assert any(m["Destination"] == "/ray-tmp" and not m["RW"] for m in seen["Mounts"]), seen["Mounts"]
-    listed = bed.podman("exec", sidecar, "ls", "/ray-tmp/ray").stdout
-    assert "session_latest" in listed, listed  # the worker's Ray session, seen from the sidecar
+    worker = sidecar.replace("k8s_log-tail_", "k8s_rollout-worker_", 1)
+    in_worker = bed.podman("exec", worker, "ls", "-A", "/tmp").stdout.split()
+    assert in_worker and bed.podman("exec", sidecar, "ls", "-A", "/ray-tmp").stdout.split() == in_worker, in_worker
 
     # The learner: the Secret's key as an env var, its keys with a prefix (envFrom), the Secret as files,
     # the scratch volume writable; the operator's env (the job, the Ray token) is still there.
