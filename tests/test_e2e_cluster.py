@@ -335,7 +335,8 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
         "rolloutWorkers.template": {"spec": {
             "tolerations": [toleration],
             "containers": [{"name": "log-tail", "image": TRAINER_IMAGE, "command": ["sleep", "infinity"],
-                            "volumeMounts": [{"name": "tmp", "mountPath": "/ray-tmp", "readOnly": True}]}]}},
+                            "volumeMounts": [{"name": "creds", "mountPath": "/etc/tracking", "readOnly": True}]}],
+            "volumes": [{"name": "creds", "secret": {"secretName": "tracking"}}]}},
     })
     job["metadata"]["name"] = "templated"
     apply(bed, secret, job)
@@ -352,17 +353,15 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
     assert [c["name"] for c in worker_pod["status"]["containerStatuses"]] == ["rollout-worker", "log-tail"]
     assert all(c["ready"] for c in worker_pod["status"]["containerStatuses"]), worker_pod["status"]
 
-    # The containers as podman runs them: the sidecar next to the worker, restricted by default, Ray's /tmp
-    # read-only in it.
+    # The containers as podman runs them: the sidecar next to the worker, restricted by default, the Secret
+    # mounted read-only in it.
     sidecar = next(n for n in job_containers(bed, "templated") if n.startswith("k8s_log-tail_templated-worker-0_"))
     seen = _inspect(bed, sidecar)
     assert seen["State"]["Running"] and seen["HostConfig"]["ReadonlyRootfs"], seen["State"]
     assert seen["Config"]["User"] == "1000:1000", seen["Config"]
     assert any("no-new-privileges" in opt for opt in seen["HostConfig"]["SecurityOpt"]), seen["HostConfig"]
-    assert any(m["Destination"] == "/ray-tmp" and not m["RW"] for m in seen["Mounts"]), seen["Mounts"]
-    worker = sidecar.replace("k8s_log-tail_", "k8s_rollout-worker_", 1)
-    in_worker = bed.podman("exec", worker, "ls", "-A", "/tmp").stdout.split()
-    assert in_worker and bed.podman("exec", sidecar, "ls", "-A", "/ray-tmp").stdout.split() == in_worker, in_worker
+    assert any(m["Destination"] == "/etc/tracking" and not m["RW"] for m in seen["Mounts"]), seen["Mounts"]
+    assert bed.podman("exec", sidecar, "cat", "/etc/tracking/api-key").stdout == "s3cr3t"
 
     # The learner: the Secret's key as an env var, its keys with a prefix (envFrom), the Secret as files,
     # the scratch volume writable; the operator's env (the job, the Ray token) is still there.

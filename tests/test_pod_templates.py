@@ -277,6 +277,6 @@ def test_the_gpu_pool_example_builds_pods_that_tolerate_the_pool_and_ask_for_a_g
     assert learner["spec"]["nodeSelector"] == {"cloud.example.com/pool": "gpu"}
     assert learner["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     worker = builders.build_worker_pod(job, OPTIONS, 0)
-    assert [c["name"] for c in worker["spec"]["containers"]] == ["rollout-worker", "log-forwarder"]
+    assert [c["name"] for c in worker["spec"]["containers"]] == ["rollout-worker", "simulator"]
     for manifest in job_pods(job, OPTIONS):
         assert_restricted(manifest)
