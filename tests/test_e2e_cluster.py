@@ -370,7 +370,7 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
     assert env["API_KEY"] == "s3cr3t" and env["TRACKING_api-key"] == "s3cr3t"
     assert env["TRACKING_ENDPOINT"] == "https://tracking.example"
     assert "KUBERL_JOB_SPEC" in env and env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64
-    shown = bed.podman("exec", learner, "sh", "-c", "cat /etc/tracking/api-key && touch /scratch/ok && echo writable")
+    shown = bed.podman("exec", learner, "sh", "-c", "cat /etc/tracking/api-key && echo && touch /scratch/ok && echo writable")
     assert shown.stdout.split() == ["s3cr3t", "writable"], shown.stdout + shown.stderr
 
     wait_complete(bed, "templated", 600)
