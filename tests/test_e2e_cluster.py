@@ -424,3 +424,93 @@ def test_a_learner_that_exits_at_once_shows_its_last_log_lines(bed):
     events = {e["reason"]: e["message"] for e in job_events(bed, "no-gpu")}
     assert "sees no CUDA device" in events["BackoffLimitExceeded"], events
     delete_and_check_nothing_left(bed, "no-gpu")
+
+
+# ---- pod templates per role (spec.<role>.template), on real containers -------------------------------------
+
+
+def _inspect(bed: OneNodeCluster, container: str) -> dict:
+    return json.loads(bed.podman("inspect", container).stdout)[0]
+
+
+def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_sidecar(bed):
+    import base64
+
+    from bed.cluster_bed import TRAINER_IMAGE
+
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tracking", "namespace": NS},
+              "type": "Opaque", "data": {"api-key": base64.b64encode(b"s3cr3t").decode(),
+                                         "ENDPOINT": base64.b64encode(b"https://tracking.example").decode()}}
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    job = example("cartpole-ppo.yaml", **{
+        # A simulator with a speed limit (as in the Ray token test): the job runs while its containers are read.
+        "environment": {"id": "kuberl.trainer.envs.latency:LatencyEnv",
+                        "kwargs": {"step_seconds": 0.005, "episode_steps": 200}},
+        "stopping": {"targetReturn": 10_000, "maxEnvSteps": 60_000, "maxWallClockSeconds": 600},
+        "evaluation": {"episodes": 2},
+        "learner.template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
+            "tolerations": [toleration],
+            "containers": [{"name": "learner",
+                            "env": [{"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "tracking",
+                                                                                       "key": "api-key"}}}],
+                            "envFrom": [{"prefix": "TRACKING_", "secretRef": {"name": "tracking"}}],
+                            "volumeMounts": [{"name": "creds", "mountPath": "/etc/tracking", "readOnly": True},
+                                             {"name": "scratch", "mountPath": "/scratch"}]}],
+            "volumes": [{"name": "creds", "secret": {"secretName": "tracking"}}, {"name": "scratch", "emptyDir": {}}]}},
+        "rolloutWorkers.template": {"spec": {
+            "tolerations": [toleration],
+            "containers": [{"name": "log-tail", "image": TRAINER_IMAGE, "command": ["sleep", "infinity"],
+                            "volumeMounts": [{"name": "creds", "mountPath": "/etc/tracking", "readOnly": True}]}],
+            "volumes": [{"name": "creds", "secret": {"secretName": "tracking"}}]}},
+    })
+    job["metadata"]["name"] = "templated"
+    apply(bed, secret, job)
+    bed.cluster.wait_for("rltj", "templated", namespace=NS, timeout=300,
+                         predicate=lambda obj: (obj.get("status") or {}).get("phase") == "Running")
+
+    # The pods as the API has them: the tolerations and the template's label, the operator's labels kept.
+    learner_pod = bed.pod(NS, "templated-learner")
+    assert learner_pod["spec"]["tolerations"] == [toleration]
+    assert learner_pod["metadata"]["labels"]["team"] == "rl"
+    assert learner_pod["metadata"]["labels"]["kuberl.dev/component"] == "learner"
+    worker_pod = bed.pod(NS, "templated-worker-0")
+    assert worker_pod["spec"]["tolerations"] == [toleration]
+    assert [c["name"] for c in worker_pod["status"]["containerStatuses"]] == ["rollout-worker", "log-tail"]
+    assert all(c["ready"] for c in worker_pod["status"]["containerStatuses"]), worker_pod["status"]
+
+    # The containers as podman runs them: the sidecar next to the worker, restricted by default, the Secret
+    # mounted read-only in it.
+    sidecar = next(n for n in job_containers(bed, "templated") if n.startswith("k8s_log-tail_templated-worker-0_"))
+    seen = _inspect(bed, sidecar)
+    assert seen["State"]["Running"] and seen["HostConfig"]["ReadonlyRootfs"], seen["State"]
+    assert seen["Config"]["User"] == "1000:1000", seen["Config"]
+    assert any("no-new-privileges" in opt for opt in seen["HostConfig"]["SecurityOpt"]), seen["HostConfig"]
+    assert any(m["Destination"] == "/etc/tracking" and not m["RW"] for m in seen["Mounts"]), seen["Mounts"]
+    assert bed.podman("exec", sidecar, "cat", "/etc/tracking/api-key").stdout == "s3cr3t"
+
+    # The learner: the Secret's key as an env var, its keys with a prefix (envFrom), the Secret as files,
+    # the scratch volume writable; the operator's env (the job, the Ray token) is still there.
+    learner = next(n for n in job_containers(bed, "templated") if n.startswith("k8s_learner_templated-learner_"))
+    env = dict(e.split("=", 1) for e in _inspect(bed, learner)["Config"]["Env"])
+    assert env["API_KEY"] == "s3cr3t" and env["TRACKING_api-key"] == "s3cr3t"
+    assert env["TRACKING_ENDPOINT"] == "https://tracking.example"
+    assert "KUBERL_JOB_SPEC" in env and env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64
+    shown = bed.podman("exec", learner, "sh", "-c", "cat /etc/tracking/api-key && echo && touch /scratch/ok && echo writable")
+    assert shown.stdout.split() == ["s3cr3t", "writable"], shown.stdout + shown.stderr
+
+    wait_complete(bed, "templated", 600)
+    assert learner_figures(bed, "templated")["progress"]["envSteps"] >= 60_000
+    delete_and_check_nothing_left(bed, "templated")
+
+
+def test_an_owned_field_in_a_template_is_refused_as_invalid_spec_before_any_pod(bed):
+    job = example("cartpole-ppo.yaml", **{"learner.template": {"spec": {"containers": [
+        {"name": "learner", "command": ["sh", "-c", "echo mine"]}]}}})
+    job["metadata"]["name"] = "owned-field"
+    apply(bed, job)
+    status = bed.cluster.wait_for("rltj", "owned-field", namespace=NS, timeout=120,
+                                  predicate=lambda obj: (obj.get("status") or {}).get("phase") == "Failed")["status"]
+    assert status["reason"] == "InvalidSpec", status
+    assert "spec.learner.template.spec.containers[0].command: is the operator's" in status["message"], status
+    assert not bed.cluster.list("pods", NS, label_selector="kuberl.dev/job-name=owned-field")
+    delete_and_check_nothing_left(bed, "owned-field")

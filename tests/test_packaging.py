@@ -49,6 +49,7 @@ def test_wheel_contains_both_namespace_roots(tmp_path):
     wheel = next(tmp_path.glob("kuberl-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "kuberl/api/job.py" in names
+    assert "kuberl/api/pod_template_schema.json" in names  # the pod template schema the operator checks with
     assert "kuberl/trainer/run.py" in names
     assert "kuberl/operator/__init__.py" in names
     assert "kuberl/__init__.py" not in names  # a namespace package spanning both roots

@@ -27,8 +27,9 @@ pull error) and one whose Secret key is missing (CreateContainerConfigError), re
 
 Not emulated: image pulls (images must be present), liveness/startup probes, cgroup-enforced CPU
 shares between pods, Service port remapping (a Service name resolves to the pod's address, so its
-port must equal the target port), NetworkPolicy enforcement, DNS search domains, hostPath/secret/projected
-volumes (the service-account token included) (a Pod using one fails with a message naming it).
+port must equal the target port), NetworkPolicy enforcement, DNS search domains, hostPath/projected
+volumes (the service-account token included) (a Pod using one fails with a message naming it), scheduling
+(tolerations, affinity and nodeSelector stay in the Pod as written; the one node takes every Pod).
 """
 
 from __future__ import annotations
@@ -519,14 +520,12 @@ class PodRunner:
                     os.chown(path, 0, int(fs_group))
                     path.chmod(0o2775)
                 out[name] = ("dir", {"path": str(path)})
-            elif "configMap" in volume:
-                source = volume["configMap"]
-                cm = self.agent.api.get(f"/api/v1/namespaces/{self.ns}/configmaps/{source['name']}")
-                if cm is None:
-                    raise LookupError(f'configmap "{source["name"]}" not found')
+            elif "configMap" in volume or "secret" in volume:
+                kind = "configMap" if "configMap" in volume else "secret"
+                source = volume[kind]
+                data = self.agent.source_data(self.ns, kind, source.get("name") or source.get("secretName"))
                 path = self.dir / "volumes" / name
                 path.mkdir(parents=True, exist_ok=True)
-                data = cm.get("data") or {}
                 items = source.get("items") or [{"key": k, "path": k} for k in data]
                 for item in items:
                     target = path / item["path"]
@@ -838,6 +837,10 @@ class NodeAgent:
                 argv += ["--cpus", str(_cpu(limits["cpu"]))]
             if "memory" in limits:
                 argv += ["--memory", str(_bytes(limits["memory"]))]
+        for source in spec.get("envFrom") or []:  # first: an env entry of the same name wins, as on a node
+            kind = "configMap" if "configMapRef" in source else "secret"
+            for key, value in self.source_data(runner.ns, kind, source[f"{kind}Ref"]["name"]).items():
+                argv += ["--env", f"{source.get('prefix', '')}{key}={value}"]
         for env in spec.get("env") or []:
             value = env.get("value")
             if value is None and "valueFrom" in env:
@@ -867,6 +870,16 @@ class NodeAgent:
         if args:
             argv += list(args)
         return argv
+
+    def source_data(self, namespace: str, kind: str, name: str) -> dict[str, str]:
+        """A ConfigMap's data or a Secret's decoded data, as a kubelet reads them for envFrom and volumes."""
+        plural = "configmaps" if kind == "configMap" else "secrets"
+        found = self.api.get(f"/api/v1/namespaces/{namespace}/{plural}/{name}")
+        if found is None:
+            raise LookupError(f'CreateContainerConfigError: {kind.lower()} "{name}" not found')
+        if kind == "configMap":
+            return dict(found.get("data") or {})
+        return {k: base64.b64decode(v).decode() for k, v in (found.get("data") or {}).items()}
 
     def _env_from(self, runner: PodRunner, source: Mapping[str, Any]) -> str:
         path = (source.get("fieldRef") or {}).get("fieldPath")

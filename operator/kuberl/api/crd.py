@@ -30,6 +30,8 @@ PRINTER_COLUMNS = [
 
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Turn pydantic's JSON schema into a Kubernetes structural schema (no $ref, anyOf null, titles)."""
+    if schema.get("x-kubernetes-int-or-string"):
+        return dict(schema)  # already structural (a pod template's IntOrString or Quantity)
     if "$ref" in schema:
         name = schema["$ref"].split("/")[-1]
         merged = {**defs[name], **{k: v for k, v in schema.items() if k != "$ref"}}

@@ -10,10 +10,10 @@ import enum
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from kuberl.api import kube
+from kuberl.api import kube, pod_schema, pod_template
 
 GROUP = "kuberl.dev"
 VERSION = "v1alpha1"
@@ -64,6 +64,23 @@ def _json_values(value: dict[str, Any]) -> dict[str, Any]:
 
 #: Free-form mappings (env kwargs, baseline params): they travel as JSON (API server, learner pod).
 JsonObject = Annotated[dict[str, Any], AfterValidator(_json_values)]
+
+
+def PodTemplate(role: str) -> Any:  # a type, spelled as one
+    """spec.<role>.template: Kubernetes' PodTemplateSpec (its schema in the CRD), checked and merged by
+    kuberl.api.pod_template."""
+    return Annotated[dict[str, Any] | None, AfterValidator(lambda v: v if v is None else pod_template.check(v, role)),
+                     WithJsonSchema(pod_schema.schema())]
+
+
+def _template_field(role: str) -> Any:
+    return Field(default=None, description=(
+        f"Pod template merged onto the {pod_template.MAIN_CONTAINERS[role]} pods the operator builds (labels, "
+        "annotations, pod spec): tolerations, affinity, env, volumes, sidecars. Maps merge key by key; "
+        "containers, env, volumes, imagePullSecrets by name, volumeMounts by mountPath; tolerations and envFrom "
+        f"are appended. The container named {pod_template.MAIN_CONTAINERS[role]!r} is the operator's: its "
+        "command, args, image, ports, resources, probes, KUBERL_*/Ray env and /tmp, /dev/shm, /checkpoints "
+        "mounts cannot be set, nor restartPolicy or kuberl.dev/* labels. Cluster only."))
 
 # CEL rules (`x-kubernetes-validations`): the cross-field checks below, in the CRD, so a real API server
 # refuses a bad job at `kubectl apply`. Only base CEL and regexes: the chart supports Kubernetes 1.27,
@@ -443,6 +460,7 @@ class RolloutWorkersSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for worker pods.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
+    template: PodTemplate("rolloutWorkers") = _template_field("rolloutWorkers")
 
 
 class Device(str, enum.Enum):
@@ -466,6 +484,7 @@ class LearnerSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for the learner pod.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
+    template: PodTemplate("learner") = _template_field("learner")
     threads: int | None = Field(
         default=None, ge=1, le=256, description="torch intra-op threads on the learner (default: torch's)."
     )
@@ -479,6 +498,7 @@ class HeadSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for the head pod.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
+    template: PodTemplate("head") = _template_field("head")
 
 
 class CollectionMode(str, enum.Enum):
@@ -645,6 +665,7 @@ class ServingSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for serving pods.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
+    template: PodTemplate("serving") = _template_field("serving")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> ServingSpec:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from kuberl.api.job import API_VERSION, KIND, RLTrainingJob, RLTrainingJobSpec
+from kuberl.api.pod_template import TemplateProblems
 from kuberl.api.problems import InvalidJob, Problem
 
 __all__ = ["InvalidJob", "Override", "Problem", "check_limits", "load_job_bytes", "load_job_file", "load_job_text",
@@ -290,6 +291,10 @@ def problems_from_validation_error(err: ValidationError, data: Any, lines: Mappi
     for e in err.errors(include_url=False):
         # pydantic puts union/enum branch names into loc; keep only real keys for the path.
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        error = (e.get("ctx") or {}).get("error")
+        if isinstance(error, TemplateProblems):  # one problem per field of a pod template, at its own path
+            problems += [_problem_at(loc + inner, message, data, lines) for inner, message in error.problems]
+            continue
         msg = e["msg"]
         bad_key = bool(loc) and loc[-1] == "[key]"  # a mapping key (resource name, label key) is wrong
         if bad_key:
@@ -315,6 +320,13 @@ def problems_from_validation_error(err: ValidationError, data: Any, lines: Mappi
             Problem(path=_format_loc(loc), message=msg, value=value, line=line, has_value=quoted)
         )
     return problems
+
+
+def _problem_at(loc: tuple, message: str, data: Any, lines: Mapping[tuple, int]) -> Problem:
+    found, value = _lookup(data, loc)
+    line = next((lines[loc[:cut]] for cut in range(len(loc), -1, -1) if loc[:cut] in lines), None)
+    quoted = found and not message.startswith("required")
+    return Problem(path=_format_loc(loc), message=message, value=value, line=line, has_value=quoted)
 
 
 def parse_job(data: Any, *, text: str | None = None, source: str = "job",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from kuberl.api import kube
+from kuberl.api import kube, pod_template
 from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, AlgorithmName, Resources, RLTrainingJob
 from kuberl.api.learner_slots import extra_learners, learner_slots
 from kuberl.api.rollout_slots import rollout_slots
@@ -211,7 +211,7 @@ def _ray_address_env(job: RLTrainingJob) -> dict[str, str]:
 
 
 def _wait_for_head(job: RLTrainingJob, options: BuildOptions, resources: Resources) -> dict[str, Any]:
-    return _container("wait-for-head", job, options, ["sh", "-c", _WAIT_FOR_HEAD], resources,
+    return _container(pod_template.WAIT_FOR_HEAD, job, options, ["sh", "-c", _WAIT_FOR_HEAD], resources,
                       [_ray_address_env(job), *RAY_ENV])
 
 
@@ -235,7 +235,7 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
     ]
     shm, shm_mount = _shm_volume()
     container = _container(
-        "ray-head", job, options, command, head.resources, _ray_env(job),
+        pod_template.MAIN_CONTAINERS["head"], job, options, command, head.resources, _ray_env(job),
         ports=[
             {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
             {"name": "dashboard", "containerPort": names.DASHBOARD_PORT, "protocol": "TCP"},
@@ -245,7 +245,8 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
         volumeMounts=[shm_mount],
     )
     meta = _metadata(job, names.head_pod(job.metadata.name), Component.HEAD, epoch=epoch)
-    return _pod(meta, containers=[container], volumes=[shm], node_selector=head.node_selector)
+    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=head.node_selector)
+    return pod_template.merge(pod, head.template, "head")
 
 
 def build_head_service(job: RLTrainingJob) -> dict[str, Any]:
@@ -286,12 +287,13 @@ def build_worker_pod(job: RLTrainingJob, options: BuildOptions, index: int, *, e
         "--disable-usage-stats",
     ]
     shm, shm_mount = _shm_volume()
-    container = _container("rollout-worker", job, options, command, workers.resources,
+    container = _container(pod_template.MAIN_CONTAINERS["rolloutWorkers"], job, options, command, workers.resources,
                            [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
     meta = _metadata(job, names.worker_pod(job.metadata.name, index), Component.ROLLOUT_WORKER,
                      epoch=epoch, worker_index=index)
-    return _pod(meta, containers=[container], volumes=[shm], node_selector=workers.node_selector,
-                init_containers=[_wait_for_head(job, options, workers.resources)])
+    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=workers.node_selector,
+               init_containers=[_wait_for_head(job, options, workers.resources)])
+    return pod_template.merge(pod, workers.template, "rolloutWorkers")
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,14 +355,16 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
     if preferences is not None:
         volumes.append(preferences[0])
         extra["volumeMounts"].append(preferences[1])
-    container = _container("learner", job, options, ["sh", "-c", _LEARNER_SCRIPT], learner.resources, env,
+    container = _container(pod_template.MAIN_CONTAINERS["learner"], job, options, ["sh", "-c", _LEARNER_SCRIPT],
+                           learner.resources, env,
                            **extra)
     annotations = {**(annotations or {}), names.LEARNER_REPLICAS_ANNOTATION: str(job.spec.learner.replicas)}
     meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
                      annotations=annotations)
-    return _pod(meta, containers=[container], volumes=volumes,
-                node_selector=learner.node_selector,
-                init_containers=[_wait_for_head(job, options, learner.resources)])
+    pod = _pod(meta, containers=[container], volumes=volumes,
+               node_selector=learner.node_selector,
+               init_containers=[_wait_for_head(job, options, learner.resources)])
+    return pod_template.merge(pod, learner.template, "learner")
 
 
 def learner_pods(job: RLTrainingJob) -> int:
@@ -378,12 +382,13 @@ def build_learner_replica_pod(job: RLTrainingJob, options: BuildOptions, rank: i
         "--num-cpus=0", f"--resources={json.dumps(learner_slots(1))}", "--disable-usage-stats",
     ]
     shm, shm_mount = _shm_volume()
-    container = _container("learner", job, options, command, learner.resources,
+    container = _container(pod_template.MAIN_CONTAINERS["learner"], job, options, command, learner.resources,
                            [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
     meta = _metadata(job, names.learner_replica_pod(job.metadata.name, rank), Component.LEARNER_REPLICA,
                      epoch=epoch, worker_index=rank)
-    return _pod(meta, containers=[container], volumes=[shm], node_selector=learner.node_selector,
-                init_containers=[_wait_for_head(job, options, learner.resources)])
+    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=learner.node_selector,
+               init_containers=[_wait_for_head(job, options, learner.resources)])
+    return pod_template.merge(pod, learner.template, "learner")  # the same template as rank 0: GPU pools alike
 
 
 def build_metrics_service(job: RLTrainingJob) -> dict[str, Any]:
@@ -423,7 +428,7 @@ def build_serving_deployment(job: RLTrainingJob, options: BuildOptions) -> dict[
                f"--metrics-port={serving.metrics_port}", f"--model-name={job_name}",
                f"--max-batch={serving.max_batch}"]
     container = _container(
-        "serving", job, options, command, serving.resources, [],
+        pod_template.MAIN_CONTAINERS["serving"], job, options, command, serving.resources, [],
         ports=[{"name": "http", "containerPort": serving.port, "protocol": "TCP"},
                {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"}],
         volumeMounts=[{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT, "readOnly": True}],
@@ -440,6 +445,7 @@ def build_serving_deployment(job: RLTrainingJob, options: BuildOptions) -> dict[
         "prometheus.io/path": "/metrics"}}, containers=[container], volumes=[checkpoint_volume(job)],
         node_selector=serving.node_selector)
     pod["spec"]["restartPolicy"] = "Always"  # a Deployment's pods restart in place
+    pod = pod_template.merge(pod, serving.template, "serving")
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
