@@ -121,6 +121,7 @@ def targets(output: str) -> None:
     ppo["spec"]["stopping"] = {"targetReturn": 195, "returnWindow": 100, "maxEnvSteps": 150_000}
     ppo["spec"]["evaluation"] = {"episodes": 20}
     bdq = yaml.safe_load((EXAMPLES / "autoscaling-bdq.yaml").read_text())
+    bdq["spec"]["algorithm"]["bdq"].pop("preference", None)  # the preference head runs with one learner
     for name, job in (("cartpole_ppo", ppo), ("autoscaling_bdq", bdq)):
         job["spec"]["learner"] = {"replicas": 2}
         t0 = time.perf_counter()

@@ -38,6 +38,8 @@ def test_bdq_with_two_learners_trains_async_and_resumes_both_from_rank_0s_checkp
     job_dict = yaml.safe_load((REPO / "examples" / "autoscaling-bdq.yaml").read_text())
     spec = job_dict["spec"]
     spec["learner"] = {"replicas": 2}
+    # The example carries the preference head, which runs with one learner (the job model refuses both).
+    spec["algorithm"]["bdq"].pop("preference")
     spec["algorithm"]["bdq"].update(learningStarts=500, bufferSize=5000)
     spec["environment"]["kwargs"]["episode_length"] = 50
     spec["stopping"] = {"maxEnvSteps": 3_000}
