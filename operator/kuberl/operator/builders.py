@@ -278,22 +278,30 @@ def build_head_service(job: RLTrainingJob) -> dict[str, Any]:
 def build_worker_pod(job: RLTrainingJob, options: BuildOptions, index: int, *, epoch: int = 0) -> dict[str, Any]:
     """Rollout worker `index`: a Ray node offering one `rollout_slot`, so one rollout actor lands here."""
     workers = job.spec.rollout_workers
+    meta = _metadata(job, names.worker_pod(job.metadata.name, index), Component.ROLLOUT_WORKER,
+                     epoch=epoch, worker_index=index)
+    # one worker pod = one rollout slot
+    return _ray_node_pod(job, options, meta, "rolloutWorkers", workers, cpu_count(workers.resources), rollout_slots(1))
+
+
+def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any], role: str, part: Any,
+                  num_cpus: int, slots: dict[str, float]) -> dict[str, Any]:
+    """A pod that joins the job's Ray cluster as a node offering `num_cpus` and `slots`, with the role's
+    resources, node selector and template (rollout workers, data-parallel learner ranks)."""
     command = [
         "ray", "start",
         f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}",
         "--block",
-        f"--num-cpus={cpu_count(workers.resources)}",
-        f"--resources={json.dumps(rollout_slots(1))}",  # one worker pod = one rollout slot
+        f"--num-cpus={num_cpus}",
+        f"--resources={json.dumps(slots)}",
         "--disable-usage-stats",
     ]
     shm, shm_mount = _shm_volume()
-    container = _container(pod_template.MAIN_CONTAINERS["rolloutWorkers"], job, options, command, workers.resources,
+    container = _container(pod_template.MAIN_CONTAINERS[role], job, options, command, part.resources,
                            [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
-    meta = _metadata(job, names.worker_pod(job.metadata.name, index), Component.ROLLOUT_WORKER,
-                     epoch=epoch, worker_index=index)
-    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=workers.node_selector,
-               init_containers=[_wait_for_head(job, options, workers.resources)])
-    return pod_template.merge(pod, workers.template, "rolloutWorkers")
+    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=part.node_selector,
+               init_containers=[_wait_for_head(job, options, part.resources)])
+    return pod_template.merge(pod, part.template, role)
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,19 +384,10 @@ def build_learner_replica_pod(job: RLTrainingJob, options: BuildOptions, rank: i
     """Data-parallel learner `rank` >= 1: a Ray node offering one `learner_slot` and no CPUs to rollout
     actors, with the learner's resources (a GPU when they ask for one). Rank 0 starts the learner actor
     on it; the actor joins rank 0's process group (its ports: the job's NetworkPolicy, like Ray's)."""
-    learner = job.spec.learner
-    command = [
-        "ray", "start", f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}", "--block",
-        "--num-cpus=0", f"--resources={json.dumps(learner_slots(1))}", "--disable-usage-stats",
-    ]
-    shm, shm_mount = _shm_volume()
-    container = _container(pod_template.MAIN_CONTAINERS["learner"], job, options, command, learner.resources,
-                           [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
     meta = _metadata(job, names.learner_replica_pod(job.metadata.name, rank), Component.LEARNER_REPLICA,
                      epoch=epoch, worker_index=rank)
-    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=learner.node_selector,
-               init_containers=[_wait_for_head(job, options, learner.resources)])
-    return pod_template.merge(pod, learner.template, "learner")  # the same template as rank 0: GPU pools alike
+    # rank 0's template and resources: GPU pools alike
+    return _ray_node_pod(job, options, meta, "learner", job.spec.learner, 0, learner_slots(1))
 
 
 def build_metrics_service(job: RLTrainingJob) -> dict[str, Any]:
