@@ -16,6 +16,18 @@ _EXAMPLE = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Tiny networks: more threads only contend on a shared machine (2 threads ran 30x slower). Tests
+    that train them use it with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch  # here, not at the top: not every test process needs torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def job_dict() -> dict:
     """The CartPole PPO example as a dict, safe to mutate."""
     return copy.deepcopy(_EXAMPLE)

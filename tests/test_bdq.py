@@ -18,13 +18,7 @@ from kuberl.trainer.spaces import space_info
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny networks: more threads only contend on a shared machine (2 threads ran 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # Two branches (3 and 2 actions), three transitions; the last one is terminal.
 Q_ONLINE = [torch.tensor([[1.0, 5.0, 2.0], [0.0, 0.0, 9.0], [7.0, 0.0, 0.0]]),

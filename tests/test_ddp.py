@@ -41,12 +41,7 @@ def two_ranks() -> dict[tuple[str, int], dict[str, torch.Tensor]]:
     return {key: {k: torch.from_numpy(v) for k, v in params.items()} for key, params in got.items()}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("name", NAMES)

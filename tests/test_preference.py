@@ -22,12 +22,7 @@ CPU = torch.device("cpu")
 ENV = "kuberl/Autoscaling-v0"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _measures(slo: list[int], util: list[float]) -> np.ndarray:
