@@ -94,17 +94,33 @@ def test_hadolint_finds_nothing(name):
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
-def test_multi_stage_on_a_pinned_base(name):
+def test_one_stage_on_a_pinned_base_with_a_wheels_context_and_a_venv_without_pip(name):
     instructions = parse(name)
-    bases = [i.args.split()[0] for i in instructions if i.keyword == "FROM"]
-    assert len(bases) >= 2, "the build stage (compilers, pip) must not be the runtime image"
-    for base in bases:
-        _image, _, tag = base.partition(":")
-        assert tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), f"{base}: pin a patch release"
-    assert len(set(bases)) == 1, "build and runtime stages must share the base (the venv links its Python)"
+    froms = [i.args.split() for i in instructions if i.keyword == "FROM"]
+    # `FROM scratch AS wheels`: empty unless the build names a wheel directory (--build-context)
+    assert froms[0] == ["scratch", "AS", "wheels"], froms
+    bases = [f[0] for f in froms[1:]]
+    assert len(bases) == 1, "one stage: the base already carries pip, a build stage would keep nothing out"
+    _image, _, tag = bases[0].partition(":")
+    assert tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), f"{bases[0]}: pin a patch release"
     runtime = final_stage(instructions)
-    assert any(i.keyword == "COPY" and "--from=" in i.args for i in runtime)
-    assert not pip_installs(runtime), "the runtime stage installs nothing: it copies the built venv"
+    assert any(i.keyword == "RUN" and "python -m venv --without-pip /opt/kuberl" in i.args for i in runtime), \
+        "the runtime venv gets no pip of its own: nothing installs at run time"
+    for args in pip_installs(instructions):
+        # every install pinned; from the wheels alone when they are given
+        assert "-c" in args and args[args.index("-c") + 1] == "/opt/kuberl-src/constraints.txt", args
+    for ins in runtime:
+        if ins.keyword == "RUN" and "pip install" in ins.args:
+            assert "--mount=type=bind,from=wheels,target=/wheels" in ins.args
+            assert "--no-index --find-links /wheels" in ins.args
+
+
+def test_torch_has_a_layer_of_its_own_before_the_sources_are_copied():
+    runtime = final_stage(parse("Dockerfile.trainer"))
+    torch_at = next(k for k, i in enumerate(runtime) if i.keyword == "RUN" and "torch==" in i.args)
+    copies = [k for k, i in enumerate(runtime) if i.keyword == "COPY"]
+    assert [i.args for i in runtime if i.keyword == "COPY"][0] == "constraints.txt /opt/kuberl-src/"
+    assert sum(k < torch_at for k in copies) == 1, "a code change must leave torch's layer (gigabytes) cached"
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
@@ -138,7 +154,7 @@ def test_image_users_match_the_pods_that_run_them():
 def test_operator_image_installs_the_operator_extra_and_neither_torch_nor_ray():
     instructions = parse("Dockerfile.operator")
     installs = pip_installs(instructions)
-    assert [a for a in installs if "./[operator]" in a], installs
+    assert [a for a in installs if "/opt/kuberl-src/[operator]" in a], installs
     text = " ".join(" ".join(a) for a in installs)
     assert "torch" not in text and "ray" not in text and "trainer" not in text
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -185,12 +201,13 @@ def test_trainer_image_installs_pinned_torch_from_the_cpu_index_first_then_the_t
     assert defaults["TORCH_VERSION"] == TORCH_PIN
     assert defaults["TORCH_INDEX_URL"] == CPU_INDEX, "CPU torch by default; CUDA is a build argument"
     installs = pip_installs(instructions)
-    torch_at = next(k for k, a in enumerate(installs) if any(w.startswith("torch==") for w in a))
-    project_at = next(k for k, a in enumerate(installs) if "./[trainer]" in a)
-    assert torch_at < project_at, "torch first, so the project's install keeps the chosen build"
-    torch_args = installs[torch_at]
-    assert "torch==${TORCH_VERSION}" in torch_args
-    assert torch_args[torch_args.index("--index-url") + 1] == "${TORCH_INDEX_URL}"
+    torch_at = [k for k, a in enumerate(installs) if any(w.startswith("torch==") for w in a)]
+    project_at = next(k for k, a in enumerate(installs) if "/opt/kuberl-src/[trainer]" in a)
+    assert len(torch_at) == 2 and max(torch_at) < project_at, "torch first: the project's install keeps its build"
+    from_wheels, from_index = (installs[k] for k in torch_at)
+    assert "--no-index" in from_wheels and "torch==${TORCH_VERSION}" in from_wheels
+    assert "torch==${TORCH_VERSION}" in from_index and "--no-deps" in from_index
+    assert from_index[from_index.index("--index-url") + 1] == "${TORCH_INDEX_URL}"
     # The trainer extra admits that torch (otherwise pip would replace it with a PyPI build).
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     torch_req = next(r for r in pyproject["project"]["optional-dependencies"]["trainer"] if r.startswith("torch"))
@@ -203,8 +220,9 @@ def test_ci_installs_the_same_torch_the_trainer_image_does():
     # .ci/run -> scripts/test -> scripts/setup-venv, which pins torch for every local install.
     assert "./scripts/test" in (REPO / ".ci" / "run").read_text()
     assert "scripts/setup-venv" in (REPO / "scripts" / "test").read_text()
-    pins = set(re.findall(r"torch==([\w.+]+)", (REPO / "scripts" / "setup-venv").read_text()))
+    pins = set(re.findall(r"^TORCH_VERSION=([\w.+]+)", (REPO / "scripts" / "lib" / "wheels.sh").read_text(), re.M))
     assert pins == {TORCH_PIN}, f"CI installs torch {pins}, the trainer image {TORCH_PIN}"
+    assert f"torch=={TORCH_PIN}" in (REPO / "constraints.txt").read_text().splitlines()
 
 
 # --------------------------------------------------------------------------------------------

@@ -114,12 +114,22 @@ class _YamlScan:
                     self._alias(event)
                 elif kind is yaml.DocumentStartEvent:
                     self.anchors.clear()  # anchors belong to their document
-        except yaml.YAMLError:
-            return  # the loader reports it with its line; everything before it was within the limits
+        except yaml.YAMLError as err:
+            # libyaml's scanner reads a run of flow brackets ahead of the parser and stops at its own
+            # nesting limit (1000 levels) before the first of them becomes an event: that is the limit
+            # here too, told as the job's. Any other error the loader reports with its line; everything
+            # before it was within the limits.
+            mark = getattr(err, "problem_mark", None)
+            if "maximum nesting depth" in str(err) and mark is not None:
+                self._refuse_at(mark.line, f"mappings and lists are nested deeper than the YAML parser reads "
+                                f"here (1000 levels); a job may nest at most {MAX_DEPTH}")
 
     def _refuse(self, event: yaml.Event, message: str) -> None:
+        self._refuse_at(event.start_mark.line, message)
+
+    def _refuse_at(self, line: int, message: str) -> None:
         path = _format_loc(tuple(entry.key if entry.is_mapping else entry.index for entry in self.open))
-        raise InvalidJob([Problem(path, message, line=event.start_mark.line + 1, has_value=False)], self.source)
+        raise InvalidJob([Problem(path, message, line=line + 1, has_value=False)], self.source)
 
     def _count(self, event: yaml.Event, nodes: int, text: int, depth: int, how: str = "") -> None:
         self.nodes += nodes

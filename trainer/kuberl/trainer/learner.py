@@ -192,6 +192,12 @@ def _run_async(loop: Loop) -> str:
         loop.metrics.set("kuberl_policy_staleness_updates",
                          0 if oldest is None else loop.algo.gradient_updates - oldest)
     inflight.cancel()
+    if loop.algo.updates_held_back and reason in ("max_env_steps", "max_episodes"):
+        # The step or episode budget is spent and nothing is collecting any more, so the bound holds
+        # nothing back: the owed updates are applied, and trainFrequency's replay ratio holds to the
+        # last batch however the batches happened to interleave with the updates. A solved target,
+        # a SIGTERM or the wall-clock limit leaves them owed (the checkpoint keeps them).
+        iterate(loop, [])
     return reason
 
 
