@@ -100,8 +100,10 @@ def main() -> None:
         "smoke_run_flags": " ".join(SAFE),
         "notes": [
             "Debian's Python 3.11.2 in the base, not 3.11.13 as the tag says (no registry to pull from here)",
-            ("air-gapped mode: base from debootstrap (Debian bookworm minbase + python3.11 3.11.2, pip, venv), torch "
-            "2.13.0+cpu from a local index, other packages through the host's pip configuration"),
+            ("base from debootstrap (Debian bookworm minbase + python3.11 3.11.2, pip, venv); every package from "
+             "the host's wheel cache (--build-context wheels=DIR, --no-index, --network none) at its "
+             "constraints.txt pin; torch is PyPI's 2.13.0 (the CUDA 13.0 build: PyTorch's CPU index is "
+             "unreachable here), whose nvidia-* wheels make most of the trainer image"),
             ("sizes as podman reports them (uncompressed); the Debian base is larger than python:3.11.13-slim "
             "because it carries Debian's python3-pip and its dependencies"),
             "2 cores shared with other agents' test and bench runs during the build (see the load averages)",

@@ -1,0 +1,102 @@
+"""CI's clock: `.ci/run` on a fresh clone of this repository, as CI runs it, with the time of each
+phase that scripts/test prints (system packages, venv, images, tests) and of the whole command.
+
+    .venv/bin/python bench/bench_ci.py                  # warm: this machine's caches as they are
+    .venv/bin/python bench/bench_ci.py --cold           # first removes what a new machine lacks and this
+                                                        # repository made: the wheel cache, pip's cache,
+                                                        # the images (base included)
+    .venv/bin/python bench/bench_ci.py --log ci.log --label warm   # record a run already made
+                                                        # (`bash .ci/run > ci.log 2>&1` in a fresh clone)
+
+Debian's packages are not removed by --cold (apt-get remove would touch the machine beyond this
+project): time `apt-get install` of scripts/test's list on a new machine for that phase.
+Results are merged into bench/results/ci.json by label (warm, cold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, RESULTS, load_average, write_json
+
+RESULT_FILE = RESULTS / "ci.json"
+PHASES = re.compile(r"scripts/test: phase times: (.*); whole run: (\d+) s \(exit (\d+)\)")
+SUMMARY = re.compile(r"^=+ (.*(?:passed|failed).*) in [\d.]+s", re.MULTILINE)
+
+
+def parse(text: str) -> dict:
+    m = PHASES.search(text)
+    if not m:
+        raise SystemExit("no `scripts/test: phase times:` line in the log: did scripts/test run to its end?")
+    phases = {name.strip(): int(sec) for name, sec in re.findall(r"([^,:]+): (\d+) s", m[1])}
+    summary = SUMMARY.findall(text)
+    return {"phase_seconds": phases, "scripts_test_seconds": int(m[2]), "exit_code": int(m[3]),
+            "pytest_summary": summary[-1] if summary else None,
+            "disk_line": next((x for x in text.splitlines() if x.startswith("scripts/test: disk:")), None)}
+
+
+def make_cold() -> list[str]:
+    """Remove what a new machine would not have and this project's scripts make or fetch."""
+    removed = []
+    cache = Path(os.environ.get("KUBERL_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kuberl"))
+    for path in (cache / "wheels", Path.home() / ".cache" / "pip"):
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(str(path))
+    subprocess.run(["podman", "rmi", "--all", "--force"], capture_output=True, check=False)
+    subprocess.run(["podman", "image", "prune", "--all", "--force"], capture_output=True, check=False)
+    removed.append("podman images (all)")
+    return removed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", action="store_true")
+    parser.add_argument("--log", type=Path, help="parse this .ci/run output instead of running it")
+    parser.add_argument("--label", help="the result's label (default: cold or warm)")
+    parser.add_argument("--out", type=Path, default=RESULT_FILE)
+    args = parser.parse_args()
+    label = args.label or ("cold" if args.cold else "warm")
+    entry: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
+                   "load_average_before": load_average()}
+    if args.log:
+        text = args.log.read_text()
+        entry["source"] = f"log {args.log.name}"
+        real = re.search(r"real\s+(\d+)m([\d.]+)s", text)
+        entry["whole_command_seconds"] = round(int(real[1]) * 60 + float(real[2]), 1) if real else None
+    else:
+        if args.cold:
+            entry["removed_first"] = make_cold()
+        with tempfile.TemporaryDirectory(prefix="kuberl-ci-") as tmp:
+            clone = Path(tmp) / "main"
+            subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+            shared = Path(tmp) / "shared"
+            shared.symlink_to(REPO.parent / "shared")
+            started = time.monotonic()
+            proc = subprocess.run(["bash", ".ci/run"], cwd=clone, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, env={**os.environ, "CI": "true"}, check=False)
+            entry["whole_command_seconds"] = round(time.monotonic() - started, 1)
+            text = proc.stdout + proc.stderr
+            entry["source"] = f"bash .ci/run in a fresh clone of {subprocess.check_output(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, text=True).strip()}"
+    entry.update(parse(text))
+    entry["load_average_after"] = load_average()
+    result = {}
+    if args.out.exists():
+        import json
+
+        result = json.loads(args.out.read_text())
+    result.setdefault("bench", "bench/bench_ci.py")
+    result.setdefault("runs", {})[label] = entry
+    write_json(args.out, result)
+    print(entry)
+
+
+if __name__ == "__main__":
+    main()
