@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import sysconfig
 import threading
 
 import pytest
@@ -180,7 +181,9 @@ def test_this_venv_holds_what_setup_venv_decides_for_this_machine_at_the_pinned_
         elif "==" in line:
             name, version = line.split("==")
             pins[_normal(name)] = version
-    installed = {_normal(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    # What pip installed into this venv (Ray puts its vendored psutil and colorama on sys.path too).
+    site = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {_normal(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=site)}
     installed.pop("kuberl")
     installed["torch"] = installed["torch"].split("+")[0]
     # Every package here at its pin (the CPU build leaves the CUDA pins unused).
