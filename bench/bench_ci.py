@@ -66,6 +66,7 @@ def main() -> None:
     label = args.label or ("cold" if args.cold else "warm")
     entry: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
                    "load_average_before": load_average()}
+    used_before = shutil.disk_usage("/").used
     if args.log:
         text = args.log.read_text()
         entry["source"] = f"log {args.log.name}"
@@ -85,6 +86,8 @@ def main() -> None:
             entry["whole_command_seconds"] = round(time.monotonic() - started, 1)
             text = proc.stdout + proc.stderr
             entry["source"] = f"bash .ci/run in a fresh clone of {subprocess.check_output(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, text=True).strip()}"
+            # what the run left on the disk (its clone's venv included, removed just after)
+            entry["disk_gb_added"] = round((shutil.disk_usage("/").used - used_before) / 1e9, 1)
     entry.update(parse(text))
     entry["load_average_after"] = load_average()
     result = {}
