@@ -28,7 +28,7 @@ from common import REPO, RESULTS, load_average, write_json
 
 RESULT_FILE = RESULTS / "ci.json"
 PHASES = re.compile(r"scripts/test: phase times: (.*); whole run: (\d+) s \(exit (\d+)\)")
-SUMMARY = re.compile(r"^=+ (.*(?:passed|failed).*) in [\d.]+s", re.MULTILINE)
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", re.MULTILINE)
 
 
 def parse(text: str) -> dict:
@@ -66,7 +66,6 @@ def main() -> None:
     label = args.label or ("cold" if args.cold else "warm")
     entry: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
                    "load_average_before": load_average()}
-    used_before = shutil.disk_usage("/").used
     if args.log:
         text = args.log.read_text()
         entry["source"] = f"log {args.log.name}"
@@ -75,6 +74,7 @@ def main() -> None:
     else:
         if args.cold:
             entry["removed_first"] = make_cold()
+        used_before = shutil.disk_usage("/").used
         with tempfile.TemporaryDirectory(prefix="kuberl-ci-") as tmp:
             clone = Path(tmp) / "main"
             subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)

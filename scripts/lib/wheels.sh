@@ -59,7 +59,13 @@ constrained() {  # the pip arguments that apply constraints.txt, if any
 # dependencies (pip's configured index, pinned by constraints.txt) into TORCH_WHEELS, unless complete.
 # torch's local version (+cpu, +cu128) sorts above the plain one, so the wheel fetched first wins
 # over PyPI's of the same version. --no-cache-dir: the wheels are kept here, not twice.
+# The cache stays locked until wheels_done (or the script's exit): another clone's set-up waits.
 fetch_torch() {
+  if [ "$DRY" = 0 ]; then   # one writer at a time in the cache (two clones may set up at once)
+    mkdir -p "$WHEELHOUSE"
+    exec 8>"$WHEELHOUSE/.lock"
+    flock 8
+  fi
   [ -f "$TORCH_WHEELS/.complete" ] && { echo "wheels: reusing $TORCH_WHEELS"; return 0; }
   local pip=("$PY" -m pip download -q --no-cache-dir --disable-pip-version-check -d "$TORCH_WHEELS")
   local pins=(); while IFS= read -r -d '' a; do pins+=("$a"); done < <(constrained)
@@ -69,4 +75,8 @@ fetch_torch() {
   fi
   run "${pip[@]}" --find-links "$TORCH_WHEELS" ${pins[@]+"${pins[@]}"} "torch==$TORCH_VERSION"
   [ "$DRY" = 1 ] || touch "$TORCH_WHEELS/.complete"
+}
+
+wheels_done() {  # release the lock fetch_torch took
+  [ "$DRY" = 1 ] || exec 8>&-
 }
