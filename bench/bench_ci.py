@@ -39,6 +39,7 @@ def parse(text: str) -> dict:
     summary = SUMMARY.findall(text)
     return {"phase_seconds": phases, "scripts_test_seconds": int(m[2]), "exit_code": int(m[3]),
             "pytest_summary": summary[-1] if summary else None,
+            "failed": re.findall(r"^FAILED (\S+)", text, re.MULTILINE),
             "disk_line": next((x for x in text.splitlines() if x.startswith("scripts/test: disk:")), None)}
 
 
