@@ -144,7 +144,7 @@ def _uid(name: str) -> int:
 
 
 def test_image_users_match_the_pods_that_run_them():
-    from kuberl.operator.builders import POD_SECURITY_CONTEXT
+    from kuberl.api.pod_template import POD_SECURITY_CONTEXT
 
     assert _uid("Dockerfile.trainer") == POD_SECURITY_CONTEXT["runAsUser"]
     chart_values = yaml.safe_load((REPO / "charts" / "kuberl-operator" / "values.yaml").read_text())

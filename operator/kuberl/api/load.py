@@ -18,6 +18,8 @@ from pydantic import ValidationError
 from kuberl.api.job import API_VERSION, KIND, RLTrainingJob, RLTrainingJobSpec
 from kuberl.api.pod_template import TemplateProblems
 from kuberl.api.problems import InvalidJob, Problem
+from kuberl.api.tenancy import Tenancy
+from kuberl.api.tenancy import problems as tenancy_problems
 
 __all__ = ["InvalidJob", "Override", "Problem", "check_limits", "load_job_bytes", "load_job_file", "load_job_text",
            "parse_job", "parse_with_overrides", "read_job_json"]
@@ -340,8 +342,9 @@ def _problem_at(loc: tuple, message: str, data: Any, lines: Mapping[tuple, int])
 
 
 def parse_job(data: Any, *, text: str | None = None, source: str = "job",
-              check: SpecCheck | None = None) -> RLTrainingJob:
-    """Validate a job dict: the schema first, then `check` (the environment and its spaces), if given.
+              check: SpecCheck | None = None, tenancy: Tenancy | None = None) -> RLTrainingJob:
+    """Validate a job dict: the schema first, then what its templates may do in its namespace (`tenancy`,
+    if given: `kuberl validate` and the operator give it), then `check` (the environment and its spaces).
 
     Any exception `check` raises is a problem of the job, never a crash: a check runs on data a
     tenant wrote."""
@@ -362,7 +365,10 @@ def parse_job(data: Any, *, text: str | None = None, source: str = "job",
         problems += [p for p in problems_from_validation_error(err, data, lines)
                      if p.path not in ("apiVersion", "kind")]
         raise InvalidJob(problems, source) from None
+    if tenancy is not None:
+        problems += tenancy_problems(job, tenancy)
     if problems:
+        problems = [dataclasses.replace(p, line=p.line or _nearest_line(p.path, lines)) for p in problems]
         raise InvalidJob(problems, source)
     if check is not None:
         try:
@@ -374,6 +380,11 @@ def parse_job(data: Any, *, text: str | None = None, source: str = "job",
             problems = [dataclasses.replace(p, line=p.line or lines.get(_path_tuple(p.path))) for p in problems]
             raise InvalidJob(problems, source)
     return job
+
+
+def _nearest_line(path: str, lines: Mapping[tuple, int]) -> int | None:
+    loc = _path_tuple(path)
+    return next((lines[loc[:cut]] for cut in range(len(loc), -1, -1) if loc[:cut] in lines), None)
 
 
 def _path_tuple(path: str) -> tuple:

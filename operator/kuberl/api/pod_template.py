@@ -30,6 +30,33 @@ WAIT_FOR_HEAD = "wait-for-head"
 
 # ---- what the operator owns ---------------------------------------------------------------------
 
+#: Every pod the operator builds meets Pod Security "restricted": non-root, no privilege escalation, no
+#: capabilities, RuntimeDefault seccomp. The trainer image runs as uid 1000; fsGroup makes a checkpoint PVC writable by it.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    # Nothing in the image changes at run time: what Ray and the trainer write goes to volumes
+    # (the scratch /tmp every pod gets, /dev/shm, the checkpoint volume).
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+#: Pod-level fields of every pod the operator builds. No ServiceAccount token (a template may mount one only
+#: where the namespace's allowance names the account: kuberl.api.tenancy); no Service environment variables.
+POD_FIELDS: dict[str, Any] = {
+    "automountServiceAccountToken": False,
+    "enableServiceLinks": False,
+    "securityContext": POD_SECURITY_CONTEXT,
+}
+
+
 #: Fields of the role's own container that the operator sets: how it runs, where Ray listens, what it
 #: reads back. `image` and `resources` have their own spec fields (spec.image, spec.<role>.resources).
 OWNED_CONTAINER_FIELDS = ("command", "args", "image", "ports", "resources", "readinessProbe", "livenessProbe",

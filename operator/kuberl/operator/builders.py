@@ -9,6 +9,7 @@ Names and labels come from `names`; the handlers add ownerReferences with `kopf.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import math
 from dataclasses import dataclass
@@ -16,30 +17,13 @@ from typing import Any
 
 import kopf
 from kuberl.api import kube, pod_template
+from kuberl.api.pod_template import CONTAINER_SECURITY_CONTEXT
 from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, AlgorithmName, Resources, RLTrainingJob
 from kuberl.api.learner_slots import extra_learners, learner_slots
 from kuberl.api.rollout_slots import rollout_slots
 from kuberl.operator import names
 from kuberl.operator.names import Component
 
-#: Pod Security "restricted": non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp.
-#: The trainer image runs as uid 1000; fsGroup makes a checkpoint PVC writable by it.
-POD_SECURITY_CONTEXT: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "runAsGroup": 1000,
-    "fsGroup": 1000,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    # Nothing in the image changes at run time: what Ray and the trainer write goes to volumes
-    # (the scratch /tmp every pod gets, /dev/shm, the checkpoint volume).
-    "readOnlyRootFilesystem": True,
-    "runAsNonRoot": True,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 #: Where every container of a job gets writable scratch space (see _scratch_volume).
 SCRATCH_PATH = "/tmp"
 
@@ -167,7 +151,7 @@ def _container(name: str, job: RLTrainingJob, options: BuildOptions, command: li
         "command": command,
         "env": env,
         "resources": container_resources(resources),
-        "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     container.update(extra)
     container["volumeMounts"] = [*extra.get("volumeMounts", []), _scratch_volume()[1]]
@@ -193,9 +177,7 @@ def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: lis
         # The operator is the only restarter: it counts learner and head restarts against
         # backoffLimit and replaces failed workers, so a failed container ends its pod.
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": dict(POD_SECURITY_CONTEXT),
+        **copy.deepcopy(pod_template.POD_FIELDS),
         "containers": containers,
         "volumes": [*volumes, _scratch_volume()[0]],  # every container mounts it (_container)
     }

@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from kuberl.api.tenancy import Tenancy
 from kuberl.operator import names, rbac
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.runtime import DEFAULT_LEARNER_METRICS_URL, OperatorConfig
@@ -57,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--learner-metrics-url", default=DEFAULT_LEARNER_METRICS_URL,
                      help="where to read a learner's metrics; placeholders {pod_ip} {port} {job} {namespace} "
                           "{metrics_service}")
+    run.add_argument("--tenancy", default="{}", metavar="JSON",
+                     help="what job pods may be per namespace beyond Pod Security 'restricted' with no "
+                          "ServiceAccount: {\"NS\": {\"podSecurity\": \"baseline\", \"serviceAccounts\": [\"NAME\"]}}")
+    run.add_argument("--operator-namespace", default=None, metavar="NS",
+                     help="the operator's own namespace, where no job may run (default: $POD_NAMESPACE, else "
+                          "the namespace of its in-cluster ServiceAccount)")
     run.add_argument("--api-threads", type=int, default=4,
                      help="threads for Kubernetes API calls (pods of many jobs are created concurrently)")
     run.add_argument("--log-format", default="full", choices=["plain", "full", "json"], help="log line format")
@@ -69,13 +78,33 @@ def _parser() -> argparse.ArgumentParser:
     rb.add_argument("--name", default=rbac.DEFAULT_NAME, help="name of the (Cluster)Role and binding")
     rb.add_argument("--service-account", default=rbac.DEFAULT_NAME, help="the operator's ServiceAccount")
     rb.add_argument("--service-account-namespace", default=None,
-                    help=f"its namespace (default: NS, or {rbac.DEFAULT_SERVICE_ACCOUNT_NAMESPACE} cluster-wide)")
+                    help=f"its namespace, never NS (default: {rbac.DEFAULT_SERVICE_ACCOUNT_NAMESPACE})")
     rb.add_argument("--peering", action="store_true", help="add the rules kopf peering needs")
     return parser
 
 
+#: Where a pod finds its own namespace (the ServiceAccount's, mounted by Kubernetes).
+IN_CLUSTER_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def operator_namespace(args: argparse.Namespace) -> str | None:
+    if args.operator_namespace:
+        return args.operator_namespace
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    try:
+        return IN_CLUSTER_NAMESPACE_FILE.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    try:
+        tenancy = Tenancy.from_json(args.tenancy, operator_namespace(args))
+    except ValueError as err:
+        raise SystemExit(f"kuberl-operator: --tenancy: {err}") from None
     return OperatorConfig(
+        tenancy=tenancy,
         build=BuildOptions(trainer_image=args.trainer_image, image_pull_policy=args.image_pull_policy,
                            network_policies=args.network_policies),
         reconcile_interval=args.reconcile_interval,
@@ -123,14 +152,17 @@ def _preload_validation() -> None:
 
 
 def _rbac(args: argparse.Namespace) -> int:
+    account_namespace = args.service_account_namespace or rbac.DEFAULT_SERVICE_ACCOUNT_NAMESPACE
     if args.namespace:
-        manifests = rbac.single_namespace(args.namespace, name=args.name, service_account=args.service_account,
-                                          service_account_namespace=args.service_account_namespace,
-                                          peering=args.peering)
+        try:
+            manifests = rbac.single_namespace(args.namespace, name=args.name, service_account=args.service_account,
+                                              service_account_namespace=account_namespace, peering=args.peering)
+        except ValueError as err:
+            print(f"kuberl-operator rbac: {err}; give --service-account-namespace", file=sys.stderr)
+            return 2
     else:
         manifests = rbac.cluster_wide(name=args.name, service_account=args.service_account,
-                                      service_account_namespace=args.service_account_namespace
-                                      or rbac.DEFAULT_SERVICE_ACCOUNT_NAMESPACE, peering=args.peering)
+                                      service_account_namespace=account_namespace, peering=args.peering)
     sys.stdout.write(rbac.render(manifests))
     return 0
 

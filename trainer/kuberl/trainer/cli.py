@@ -23,10 +23,13 @@ def _print_problems(err) -> None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from kuberl.api.load import InvalidJob, load_job_file
+    from kuberl.api.tenancy import Allowance, Tenancy
     from kuberl.trainer.envs.resolve import check_environment
 
+    # Whatever namespace the file names gets the allowance the flags describe, as the operator would give it.
+    tenancy = Tenancy(default=Allowance(args.pod_security, frozenset(args.service_account)))
     try:
-        job = load_job_file(args.job, check=check_environment)
+        job = load_job_file(args.job, check=check_environment, tenancy=tenancy)
     except InvalidJob as err:
         _print_problems(err)
         return 2
@@ -226,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check a job file; print every problem; exit 2 when invalid")
     p.add_argument("job", help="RLTrainingJob YAML file")
+    p.add_argument("--pod-security", default="restricted", choices=["restricted", "baseline", "privileged"],
+                   help="the Pod Security level the job's namespace allows its pods (the operator's default: "
+                        "restricted; a platform team may allow more per namespace)")
+    p.add_argument("--service-account", action="append", default=[], metavar="NAME",
+                   help="a ServiceAccount the namespace allows a template to name (repeat for several; "
+                        "default: none)")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("crd", help="print the RLTrainingJob CustomResourceDefinition generated from the model")
