@@ -154,6 +154,9 @@ def test_chart_refuses_a_kubernetes_older_than_it_supports():
         (["--set", "operator.watchNamespace=Not_A_Namespace"], "/operator/watchNamespace"),
         (["--set", "operator.metricsPort=70000"], "/operator/metricsPort"),
         (["--set", "metrics.serviceMonitor.interval=often"], "/metrics/serviceMonitor/interval"),
+        (["--set", "tenancy.namespaces.team-a.podSecurity=root"], "/tenancy/namespaces/team-a/podSecurity"),
+        (["--set", "tenancy.namespaces.team-a.serviceAcounts={s3}"], "additional properties 'serviceAcounts'"),
+        (["--set", "tenancy.namespaces.Team_A.podSecurity=baseline"], "invalid propertyName 'Team_A'"),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -162,6 +165,29 @@ def test_values_schema_rejects_typos_and_wrong_types(bad, complaint):
     assert result.returncode != 0, f"{bad} was accepted"
     assert "values don't meet the specifications of the schema" in result.stderr
     assert complaint in result.stderr, result.stderr
+
+
+def test_the_operator_never_watches_its_own_namespace_nor_allows_anything_there():
+    for bad, says in ((["--set", f"operator.watchNamespace={NAMESPACE}"], "must not be the release namespace"),
+                      (["--set", f"tenancy.namespaces.{NAMESPACE}.podSecurity=baseline"],
+                       "no job runs in the operator's own namespace")):
+        result = _helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *bad)
+        assert result.returncode != 0 and says in result.stderr, result.stderr
+
+
+def test_the_tenancy_values_reach_the_operator_and_it_knows_its_namespace():
+    from kuberl.operator.main import _parser, config_from_args
+
+    allowance = {"team-gpu": {"podSecurity": "baseline", "serviceAccounts": ["trainer-s3"]}}
+    container = operator_container(render("--set-json", f"tenancy.namespaces={json.dumps(allowance)}"))
+    (env,) = [e for e in container["env"] if e["name"] == "POD_NAMESPACE"]
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    tenancy = config_from_args(_parser().parse_args([*container["args"], "--operator-namespace", NAMESPACE])).tenancy
+    assert tenancy.allowance("team-gpu").pod_security == "baseline"
+    assert tenancy.allowance("team-gpu").service_accounts == {"trainer-s3"}
+    assert tenancy.allowance("other").pod_security == "restricted" and not tenancy.allowance("other").service_accounts
+    default = config_from_args(_parser().parse_args(operator_container(render())["args"])).tenancy
+    assert default.namespaces == {}
 
 
 def _yaml_keys(node: dict, prefix: str = "") -> set[str]:
