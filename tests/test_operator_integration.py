@@ -656,3 +656,30 @@ def test_a_child_the_api_server_refuses_fails_the_job_as_invalid_spec(cluster, o
     st = wait_phase(cluster, "Failed")
     assert st["reason"] == "InvalidSpec" and "the API server refused" in st["message"]
     assert pods(cluster) == {}
+
+
+@pytest.mark.parametrize("template, field", [
+    ({"spec": {"containers": [{"name": "miner", "image": "busybox", "securityContext": {"privileged": True}}]}},
+     "spec.rolloutWorkers.template.spec.containers[0].securityContext.privileged"),
+    ({"spec": {"serviceAccountName": rbac.DEFAULT_NAME, "automountServiceAccountToken": True}},
+     "spec.rolloutWorkers.template.spec.serviceAccountName"),
+], ids=["privileged sidecar", "the operator's ServiceAccount"])
+def test_a_template_that_widens_a_pod_fails_the_job_before_any_object_exists(cluster, operator, job_dict, template,
+                                                                            field):
+    job_dict["spec"]["rolloutWorkers"]["template"] = template
+    cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+    st = wait_phase(cluster, "Failed")
+    assert st["reason"] == "InvalidSpec" and field in st["message"] and "tenancy.namespaces" in st["message"]
+    wait_passes(operator, 2)
+    assert [r for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural != "events"] == []
+
+
+def test_a_job_in_the_operators_own_namespace_is_refused(cluster, start_operator, job_dict):
+    from kuberl.api.tenancy import Tenancy
+
+    with start_operator(tenancy=Tenancy(operator_namespace=NS)) as running:
+        cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+        st = wait_phase(cluster, "Failed")
+        assert st["reason"] == "InvalidSpec" and "metadata.namespace" in st["message"]
+        wait_passes(running, 2)
+    assert pods(cluster) == {}
