@@ -31,7 +31,7 @@ def _limit_memory() -> None:
 
 def kuberl(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Exit status and stderr of `kuberl ARGS`, under the time and memory limits."""
-    full_env = {name: value for name, value in os.environ.items() if name != "KUBERL_JOB_SPEC"}
+    full_env = {name: value for name, value in os.environ.items() if name != "KUBERL_JOB_SPEC_FILE"}
     # One BLAS thread: on a many-core machine numpy's per-thread buffers alone would pass the memory limit.
     full_env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", *args], input=stdin or b"",
@@ -152,13 +152,17 @@ def test_a_spec_flag_is_validated_as_the_field_it_sets(flag, job_file, tmp_path)
     assert not run_dir.exists()  # nothing started
 
 
-def test_the_learner_validates_its_flags_against_the_spec_from_the_operator(job_dict):
-    err = refused("learner", "--workers", "1000", env={"KUBERL_JOB_SPEC": json.dumps(job_dict)})
+def test_the_learner_validates_its_flags_against_the_spec_from_the_operator(job_dict, tmp_path):
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps(job_dict))
+    err = refused("learner", "--workers", "1000", env={"KUBERL_JOB_SPEC_FILE": str(spec)})
     assert "--workers (spec.rolloutWorkers.replicas): Input should be less than or equal to 512" in err
 
 
-def test_the_learner_refuses_a_spec_that_is_no_json():
-    err = refused("learner", env={"KUBERL_JOB_SPEC": '{"apiVersion": "kuberl.dev/v1alpha1", '})
+def test_the_learner_refuses_a_spec_that_is_no_json(tmp_path):
+    spec = tmp_path / "job.json"
+    spec.write_text('{"apiVersion": "kuberl.dev/v1alpha1", ')
+    err = refused("learner", env={"KUBERL_JOB_SPEC_FILE": str(spec)})
     assert "<json> (line 1): JSON syntax error: Expecting property name enclosed in double quotes" in err
 
 

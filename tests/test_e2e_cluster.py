@@ -494,7 +494,10 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
     env = dict(e.split("=", 1) for e in _inspect(bed, learner)["Config"]["Env"])
     assert env["API_KEY"] == "s3cr3t" and env["TRACKING_api-key"] == "s3cr3t"
     assert env["TRACKING_ENDPOINT"] == "https://tracking.example"
-    assert "KUBERL_JOB_SPEC" in env and env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64
+    assert env["KUBERL_JOB_SPEC_FILE"] == "/etc/kuberl/job/job.json"
+    assert env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64
+    handed = json.loads(bed.podman("exec", learner, "cat", env["KUBERL_JOB_SPEC_FILE"]).stdout)
+    assert handed["metadata"]["name"] == "templated" and "template" in handed["spec"]["learner"]
     shown = bed.podman("exec", learner, "sh", "-c", "cat /etc/tracking/api-key && echo && touch /scratch/ok && echo writable")
     assert shown.stdout.split() == ["s3cr3t", "writable"], shown.stdout + shown.stderr
 

@@ -157,9 +157,14 @@ def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
     env = env_of(container)
     assert env["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.rl.svc:6379"
     assert env["KUBERL_RUN_DIR"] == "/checkpoints"
-    handed = parse_job(json.loads(env["KUBERL_JOB_SPEC"]))  # the learner parses it with the same model
+    # The job travels as a file of a ConfigMap the learner mounts (an env var stops at 128 KiB).
+    config_map = builders.build_job_spec_config_map(job)
+    assert env["KUBERL_JOB_SPEC_FILE"] == "/etc/kuberl/job/job.json" and config_map["immutable"] is True
+    assert {"name": "job-spec", "mountPath": "/etc/kuberl/job", "readOnly": True} in container["volumeMounts"]
+    handed_text = config_map["data"]["job.json"]
+    handed = parse_job(json.loads(handed_text))  # the learner parses it with the same model
     assert handed.spec == job.spec
-    assert json.loads(env["KUBERL_JOB_SPEC"])["metadata"] == {"name": "cartpole-ppo", "namespace": "rl"}
+    assert json.loads(handed_text)["metadata"] == {"name": "cartpole-ppo", "namespace": "rl"}
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
     assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "8080",
@@ -168,6 +173,11 @@ def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
     assert volumes["shm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["job-spec"] == {"name": "job-spec", "configMap": {"name": config_map["metadata"]["name"]}}
+    # Named by its content: an edited job gets a new file, a learner already running keeps its own.
+    assert config_map["metadata"]["name"].startswith("cartpole-ppo-spec-")
+    edited = parse_job({**json.loads(handed_text), "spec": {**json.loads(handed_text)["spec"], "seed": 7}})
+    assert builders.build_job_spec_config_map(edited)["metadata"]["name"] != config_map["metadata"]["name"]
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
@@ -183,7 +193,8 @@ def test_learner_uses_the_claim_the_spec_names_and_spec_image(job_dict):
     assert container["image"] == "my/trainer:1"
     # Port 0 ("pick one") means the default on a cluster, in the pod and in the job the learner reads.
     assert container["ports"][0]["containerPort"] == 8080
-    assert json.loads(env_of(container)["KUBERL_JOB_SPEC"])["spec"]["metrics"]["port"] == 8080
+    handed = json.loads(builders.build_job_spec_config_map(parse_job(job_dict))["data"]["job.json"])
+    assert handed["spec"]["metrics"]["port"] == 8080
 
 
 def test_learner_without_metrics_has_no_port_probe_or_scrape_annotation(job_dict):
@@ -225,7 +236,9 @@ def test_every_container_has_a_read_only_root_and_writes_only_to_volumes(job_dic
             assert mounts["/tmp"] == "tmp", where
             assert set(mounts.values()) <= set(volumes), f"{where} mounts a volume its pod lacks"
     learner = builders.build_learner_pod(job, OPTIONS)["spec"]["containers"][0]
-    assert {m["mountPath"] for m in learner["volumeMounts"]} == {"/checkpoints", "/dev/shm", "/tmp"}
+    writable = {m["mountPath"] for m in learner["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/checkpoints", "/dev/shm", "/tmp"}
+    assert {m["mountPath"] for m in learner["volumeMounts"] if m.get("readOnly")} == {"/etc/kuberl/job"}
 
 
 def test_network_policies_keep_ray_ports_inside_the_job(job):

@@ -683,3 +683,25 @@ def test_a_job_in_the_operators_own_namespace_is_refused(cluster, start_operator
         assert st["reason"] == "InvalidSpec" and "metadata.namespace" in st["message"]
         wait_passes(running, 2)
     assert pods(cluster) == {}
+
+
+def test_a_forbidden_create_keeps_the_job_waiting_with_the_reason_and_backs_off(cluster, operator, job_dict):
+    """A 403 (a quota, Pod Security admission) is the namespace's doing: the job is not failed, it says why,
+    and each try sends one pod, not the whole job, at growing intervals, until the server takes them."""
+    refusals = 4
+    cluster.emulator[f"post /api/v1/namespaces/{NS}/pods"][:refusals] << 403
+    cluster.create(job_manifest(job_dict, replicas=1), namespace=NS)
+    wait_pods(cluster, {HEAD, LEARNER, worker(0)})
+    created = wait_until(lambda: (c := condition(cluster, "CreateForbidden")).get("status") == "False" and c,
+                         what="CreateForbidden False")
+    assert created["reason"] == "Created"
+    seen = [c["message"] for version in cluster.history("rltj", JOB) if version
+            for c in (version.get("status") or {}).get("conditions", []) if c["type"] == "CreateForbidden"
+            and c["status"] == "True"]
+    # One try per pass, each refused after a single pod: the fourth refusal came on the fourth try.
+    assert any(f"(try {refusals}; next in" in message for message in seen), seen
+    assert all(message.startswith("Pod ") for message in seen), seen
+    posts = [r for r in cluster.emulator if r.method == "POST" and r.resource and r.resource.plural == "pods"]
+    assert len(posts) == refusals + 3
+    assert "Failed" not in phases_seen(cluster)
+    assert "FailedCreate" in event_reasons(cluster)

@@ -208,11 +208,12 @@ def test_a_template_merges_onto_the_learner_pod_and_keeps_what_the_operator_owns
     assert spec["automountServiceAccountToken"] is True and spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["securityContext"] == {**plain["spec"]["securityContext"], "runAsUser": 2000, "supplementalGroups": [5]}
     assert spec["restartPolicy"] == "Never"
-    assert spec["volumes"] == [*plain["spec"]["volumes"], {"name": "scratch", "emptyDir": {}}]
+    # (the job's ConfigMap is named by the job's content, template included: compare the volume names)
+    assert [v["name"] for v in spec["volumes"]] == [*(v["name"] for v in plain["spec"]["volumes"]), "scratch"]
+    assert spec["volumes"][-1] == {"name": "scratch", "emptyDir": {}}
     # The operator's container: its own command, env and mounts first, the template's added by name/path.
     built = container(plain, "learner")
     assert learner["command"] == built["command"] and learner["ports"] == built["ports"]
-    # (KUBERL_JOB_SPEC is the job itself, template included: compare the names and the other values)
     assert [e["name"] for e in learner["env"]] == [*(e["name"] for e in built["env"]), "API_KEY"]
     assert learner["env"][1:] == [*built["env"][1:], TEMPLATE["spec"]["containers"][0]["env"][0]]
     assert learner["envFrom"] == [{"secretRef": {"name": "more-env"}}]

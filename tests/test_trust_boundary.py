@@ -67,8 +67,9 @@ def test_a_learner_pod_leaves_the_refusal_as_its_termination_message(job_dict, t
     reads the termination message; the operator recognises it as a report."""
     job_dict["metadata"]["name"] = "tenant-job"
     message = tmp_path / "termination-log"
-    env = {**_env(tmp_path), "KUBERL_JOB_SPEC": json.dumps(_job(job_dict, "subprocess:run", {"args": ["true"]})),
-           "KUBERL_TERMINATION_MESSAGE_PATH": str(message)}
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps(_job(job_dict, "subprocess:run", {"args": ["true"]})))
+    env = {**_env(tmp_path), "KUBERL_JOB_SPEC_FILE": str(spec), "KUBERL_TERMINATION_MESSAGE_PATH": str(message)}
     proc = subprocess.run([*KUBERL, "learner"], check=False, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == INVALID_SPEC_EXIT_CODE, proc.stderr
     text = message.read_text()

@@ -34,7 +34,7 @@ SpecCheck = Callable[[RLTrainingJobSpec], list[Problem]]
 # operator: a YAML "alias bomb" (nine levels of nine aliases) is 1 KiB of text that expands to 387 million
 # values, and every walk over it (the JSON checks, pydantic, the line index) would expand it again.
 
-#: A job's text (file, stdin, $KUBERL_JOB_SPEC); etcd keeps an object to about 1.5 MiB.
+#: A job's text (file, stdin, a learner's $KUBERL_JOB_SPEC_FILE); etcd keeps an object to about 1.5 MiB.
 MAX_JOB_BYTES = 1 << 20
 #: Mappings, lists, keys and scalars, once YAML aliases are expanded (each use counts what it repeats).
 MAX_NODES = 100_000
@@ -195,7 +195,7 @@ class _YamlScan:
 
 def check_limits(data: Any, source: str = "job", text: str | None = None) -> None:
     """Refuse a job past the limits above before anything walks it whole: it may come from the API or
-    $KUBERL_JOB_SPEC as well as from YAML. A mapping or list reached twice counts twice and the walk stops
+    $KUBERL_JOB_SPEC_FILE as well as from YAML. A mapping or list reached twice counts twice and the walk stops
     at the first limit, so a bomb-like or cyclic dict costs at most about MAX_NODES steps."""
     nodes, chars, out_of_range = 1, 0, []  # (the root counts as a node)
     todo: list[tuple[tuple, Any, int]] = [((), data, 1)]
@@ -500,7 +500,7 @@ def load_job_file(path: str | Path, **kwargs: Any) -> RLTrainingJob:
 
 
 def read_job_json(text: str, source: str = "job") -> Any:
-    """A job's JSON text (a learner pod's $KUBERL_JOB_SPEC) as data, within the same limits as a file;
+    """A job's JSON text (a learner pod's $KUBERL_JOB_SPEC_FILE) as data, within the same limits as a file;
     `parse_with_overrides` or `parse_job` validates it."""
     _check_size(text, source)
     try:

@@ -62,9 +62,9 @@ POD_FIELDS: dict[str, Any] = {
 OWNED_CONTAINER_FIELDS = ("command", "args", "image", "ports", "resources", "readinessProbe", "livenessProbe",
                           "startupProbe", "terminationMessagePath", "terminationMessagePolicy")
 #: Volumes the operator adds (scratch /tmp, Ray's /dev/shm, the checkpoint volume) and where it mounts them.
-#: `preferences` is BDQ's preference.configMap (job.PREFERENCE_CONFIGMAP_MOUNT).
-OWNED_VOLUMES = ("tmp", "shm", "checkpoints", "preferences")
-OWNED_MOUNT_PATHS = ("/tmp", "/dev/shm", "/checkpoints", "/etc/kuberl/preferences")
+#: `preferences` is BDQ's preference.configMap (job.PREFERENCE_CONFIGMAP_MOUNT); `job-spec` the learner's job.
+OWNED_VOLUMES = ("tmp", "shm", "checkpoints", "preferences", "job-spec")
+OWNED_MOUNT_PATHS = ("/tmp", "/dev/shm", "/checkpoints", "/etc/kuberl/preferences", "/etc/kuberl/job")
 #: Environment of the role's own container: the job, the Ray address and the job's Ray token.
 OWNED_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 OWNED_ENV_PREFIX = "KUBERL_"

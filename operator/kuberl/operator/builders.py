@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -316,8 +317,9 @@ def preference_config_map(job: RLTrainingJob) -> tuple[dict[str, Any], dict[str,
 def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> dict[str, Any]:
     """The learner: joins the head, trains, checkpoints to the volume, serves /metrics, exits 0 when done."""
     learner = job.spec.learner
+    spec_map = build_job_spec_config_map(job)
     env = [
-        {"name": "KUBERL_JOB_SPEC", "value": json.dumps(resolved_manifest(job), separators=(",", ":"))},
+        {"name": "KUBERL_JOB_SPEC_FILE", "value": f"{names.JOB_SPEC_MOUNT}/{names.JOB_SPEC_KEY}"},
         _ray_address_env(job),
         {"name": "KUBERL_RUN_DIR", "value": names.CHECKPOINT_MOUNT},
         # The learner leaves its final metrics there; the operator reads them from the pod's status.
@@ -326,7 +328,8 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
     ]
     shm, shm_mount = _shm_volume()
     extra: dict[str, Any] = {
-        "volumeMounts": [{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT}, shm_mount],
+        "volumeMounts": [{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT}, shm_mount,
+                         {"name": "job-spec", "mountPath": names.JOB_SPEC_MOUNT, "readOnly": True}],
         # A learner that fails without a termination message leaves its last log lines in the pod's
         # status, and the operator quotes them in the job's failure message.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
@@ -340,7 +343,8 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
                                    "periodSeconds": 10, "failureThreshold": 3}
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                        "prometheus.io/path": "/metrics"}
-    volumes = [checkpoint_volume(job), shm]
+    volumes = [checkpoint_volume(job), shm,
+               {"name": "job-spec", "configMap": {"name": spec_map["metadata"]["name"]}}]
     preferences = preference_config_map(job)
     if preferences is not None:
         volumes.append(preferences[0])
@@ -355,6 +359,17 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
                node_selector=learner.node_selector,
                init_containers=[_wait_for_head(job, options, learner.resources)])
     return pod_template.merge(pod, learner.template, "learner")
+
+
+def build_job_spec_config_map(job: RLTrainingJob) -> dict[str, Any]:
+    """The job as the learner reads it (`resolved_manifest`), in a ConfigMap the job owns: a file has room
+    for the largest job, where an environment variable stops at Linux's 128 KiB per string."""
+    text = json.dumps(resolved_manifest(job), separators=(",", ":"), sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    name = names.job_spec_config_map(job.metadata.name, digest)
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _metadata(job, name, Component.LEARNER),
+            "data": {names.JOB_SPEC_KEY: text}, "immutable": True}
 
 
 def learner_pods(job: RLTrainingJob) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -23,20 +24,33 @@ import urllib3
 from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
 from kuberl.api.semantics import check_registered
+from kuberl.api.tenancy import Tenancy
 from kuberl.operator import builders, lifecycle, names
 from kuberl.operator import status as job_status
 from kuberl.operator.lifecycle import JobMeta, Plan, PodView
 from kuberl.operator.names import Component
-from kuberl.operator.runtime import ApiError, Runtime
+from kuberl.operator.runtime import ApiError, OperatorConfig, Runtime
 
 QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements
+#: The job's condition while the API server refuses its creates with 403; False once they go through.
+CREATE_FORBIDDEN = "CreateForbidden"
+#: The longest wait between tries while creates are forbidden (Kubernetes' Job controller waits up to 6 min).
+FORBIDDEN_BACKOFF_MAX_S = 300.0
 
 
-def validate_spec(body: kopf.Body, spec_json: str, logger: logging.Logger | logging.LoggerAdapter
-                  ) -> tuple[RLTrainingJob | None, list[Problem]]:
-    """Validate like `kuberl validate`: the schema, then the environment against the table of registered
-    ids (`check_registered`), never importing or building what the spec names; a `module:...` id is the
-    learner pod's to check. Returns the job (None when even the schema fails) and every problem."""
+def forbidden_backoff(config: OperatorConfig, passes: int) -> float:
+    """Seconds before the next try after `passes` forbidden passes in a row: doubling from the reconcile
+    interval, at most FORBIDDEN_BACKOFF_MAX_S. A pod event of the job still wakes it sooner."""
+    return min(FORBIDDEN_BACKOFF_MAX_S, config.reconcile_interval * 2 ** min(passes - 1, 20))
+
+
+def validate_spec(body: kopf.Body, spec_json: str, logger: logging.Logger | logging.LoggerAdapter,
+                  tenancy: Tenancy | None = None) -> tuple[RLTrainingJob | None, list[Problem]]:
+    """Validate like `kuberl validate`: the schema, what the templates may do in the job's namespace
+    (`tenancy`; the default: Pod Security "restricted", no ServiceAccount), then the environment against the
+    table of registered ids (`check_registered`), never importing or building what the spec names; a
+    `module:...` id is the learner pod's to check. Returns the job (None when even the schema fails) and
+    every problem."""
     name = body["metadata"]["name"]
     data = {
         "apiVersion": body.get("apiVersion"),
@@ -46,7 +60,7 @@ def validate_spec(body: kopf.Body, spec_json: str, logger: logging.Logger | logg
         "spec": json.loads(spec_json),
     }
     try:
-        return parse_job(data, check=check_registered, source=name), []
+        return parse_job(data, check=check_registered, source=name, tenancy=tenancy or Tenancy()), []
     except InvalidJob as err:
         try:
             return parse_job(data, source=name), list(err.problems)
@@ -87,62 +101,100 @@ class ProgressReader:
             return None
         self.last_read = time.monotonic()
         try:
-            return job_status.parse_learner_metrics(await self.runtime.get_text(url), job_name=self.job_name)
+            body = await self.runtime.get_metrics(url)
+            # Off the event loop: a body of the read cap takes up to a second to parse, which would stall
+            # every other job's loop and kopf's watches.
+            return await asyncio.to_thread(self.parse, body)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as err:
             self.runtime.metrics.errors.labels("progress", type(err).__name__).inc()
             self.logger.debug(f"cannot read the learner's progress from {url}: {err}")
             return None
 
+    def parse(self, body: bytes) -> job_status.LearnerReport:
+        """A scraped body as a report; raises ValueError (UnicodeDecodeError included) when it is not
+        Prometheus text of this job's learner."""
+        return job_status.parse_learner_metrics(body.decode("utf-8"), job_name=self.job_name)
+
+
+@dataclasses.dataclass
+class Applied:
+    """What one pass's writes came to."""
+
+    #: Pods that exist now among those the pass meant to create.
+    created: set[str] = dataclasses.field(default_factory=set)
+    #: What the API server refused as invalid (422): the job's spec is at fault.
+    refused: str | None = None
+    #: What it refused as forbidden (403: a quota, Pod Security admission): the namespace is at fault.
+    forbidden: str | None = None
+    #: The first unexpected error (after doing the rest).
+    error: Exception | None = None
+
+    @property
+    def clean(self) -> bool:
+        return self.refused is None and self.forbidden is None and self.error is None
+
 
 class ChildWriter:
-    """Carries out a plan's deletions and creations (create-if-absent) for one job."""
+    """Carries out a plan's deletions and creations (create-if-absent) for one job.
+
+    What pods need (the Ray token, the learner's job ConfigMap, Services, NetworkPolicies) is created
+    first; pods follow only once all of it exists, in batches that double while the API server accepts
+    them (1, 2, 4, ...), as Kubernetes' ReplicaSet and Job controllers create theirs: a quota or an
+    admission refusal stops the pass after one request, not after a whole job's worth.
+    """
 
     def __init__(self, runtime: Runtime, body: kopf.Body):
         self.runtime, self.body = runtime, body
         self.namespace = body["metadata"]["namespace"]
 
-    async def apply(self, plan: Plan, job: RLTrainingJob | None) -> tuple[set[str], str | None, Exception | None]:
-        """Delete, then create-if-absent. Returns the pods that exist now among those it meant to create,
-        what the API server refused as invalid (422), and the first unexpected API error (after doing the
-        rest)."""
+    async def apply(self, plan: Plan, job: RLTrainingJob | None) -> Applied:
         kube = self.runtime.kube
-        errors: list[Exception] = []
+        out = Applied()
         deletions = await asyncio.gather(*(kube.delete_pod(self.namespace, pod.name, pod.uid) for pod in plan.delete),
                                          return_exceptions=True)
-        # 404/409: already gone, or replaced by a pod with another uid.
-        errors += [r for r in deletions if isinstance(r, Exception)
-                   and not (isinstance(r, ApiError) and r.status in (404, 409))]
-        manifests = list(plan.create)
+        for result in deletions:  # 404/409: already gone, or replaced by a pod with another uid
+            if isinstance(result, Exception) and not (isinstance(result, ApiError) and result.status in (404, 409)):
+                out.error = out.error or result
+        pods = list(plan.create)
+        needed: list[dict[str, Any]] = []
         if plan.ensure_services and job is not None:
-            await self.ensure_ray_token(job)
-            manifests = builders.build_services(job, self.runtime.config.build) + manifests
-        builders.adopt(manifests, owner=self.body)
-        results = await asyncio.gather(*(kube.create(m) for m in manifests), return_exceptions=True)
-        created: set[str] = set()
-        refused = None
+            needed += [builders.build_ray_token_secret(job, secrets.token_hex(32))]
+            needed += builders.build_services(job, self.runtime.config.build)
+        if job is not None and any(_component(pod) == Component.LEARNER for pod in pods):
+            needed.append(builders.build_job_spec_config_map(job))
+        builders.adopt([*needed, *pods], owner=self.body)
+        await self._create(needed, out)
+        batch = 1
+        while pods and out.clean:
+            await self._create(pods[:batch], out)
+            pods, batch = pods[batch:], batch * 2
+        return out
+
+    async def _create(self, manifests: list[dict[str, Any]], out: Applied) -> None:
+        results = await asyncio.gather(*(self.runtime.kube.create(m) for m in manifests), return_exceptions=True)
         for manifest, result in zip(manifests, results):
             name = manifest["metadata"]["name"]
+            what = f"{manifest['kind']} {name}"
             if isinstance(result, ApiError) and result.status == 409:
-                created.add(name)  # create-if-absent: it exists (a restarted operator, or a quick second pass)
+                # Create-if-absent: it exists (a restarted operator, or a quick second pass). The Ray token
+                # Secret that exists keeps its token: the operator never reads it.
+                created = True
             elif isinstance(result, ApiError) and result.status == 422:
-                refused = f"{manifest['kind']} {name}: {result.message}"
+                out.refused, created = out.refused or f"{what}: {result.message}", False
+            elif isinstance(result, ApiError) and result.status == 403:
+                out.forbidden, created = out.forbidden or f"{what}: {result.message}", False
             elif isinstance(result, Exception):
-                errors.append(result)
-            elif manifest["kind"] == "Pod":
-                created.add(name)
-                self.runtime.metrics.pods_created.labels(manifest["metadata"]["labels"][names.COMPONENT_LABEL]).inc()
-        return created, refused, (errors[0] if errors else None)
+                out.error, created = out.error or result, False
+            else:
+                created = True
+                if manifest["kind"] == "Pod":
+                    self.runtime.metrics.pods_created.labels(_component(manifest)).inc()
+            if created and manifest["kind"] == "Pod":
+                out.created.add(name)
 
-    async def ensure_ray_token(self, job: RLTrainingJob) -> None:
-        """Create the job's Ray token Secret if absent, before any pod that reads it. A fresh random token
-        each try; when the Secret exists (409) the one in it stays: the operator never reads it."""
-        secret = builders.build_ray_token_secret(job, secrets.token_hex(32))
-        builders.adopt([secret], owner=self.body)
-        try:
-            await self.runtime.kube.create(secret)
-        except ApiError as err:
-            if err.status != 409:
-                raise
+
+def _component(manifest: dict[str, Any]) -> str:
+    return manifest["metadata"]["labels"][names.COMPONENT_LABEL]
 
 
 class JobLoop:
@@ -160,6 +212,8 @@ class JobLoop:
         self.progress = ProgressReader(runtime, self.name, logger)
         self.children = ChildWriter(runtime, body)
         self.failures = 0
+        #: Passes in a row whose creates the API server refused with 403.
+        self.forbidden_passes = 0
         self.api_invalid: str | None = None
         #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
         self.deleted: set[str] = set()
@@ -242,10 +296,11 @@ class JobLoop:
                               now=job_status.now(), options=self.runtime.config.build, report=report, deleted=self.deleted)
         before = Phase(self.status.phase)
         self.status = plan.status
-        created, refused, error = await self.children.apply(plan, job)
-        self.api_invalid = refused or self.api_invalid
+        applied = await self.children.apply(plan, job)
+        self.api_invalid = applied.refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
-        self.deleted -= created
+        self.deleted -= applied.created
+        self._note_forbidden(applied, plan)
         await self._write_status()
         post_events(self.body, plan, self.logger)
         count(self.runtime, self.uid or self.name, plan, before)
@@ -254,15 +309,33 @@ class JobLoop:
             self.logger.info("ttlSecondsAfterFinished has passed: deleting the job")
             await self.runtime.kube.delete_job(self.namespace, self.name, self.uid)
             return self.runtime.config.idle_interval
-        if error is not None:
-            raise error
+        if applied.error is not None:
+            raise applied.error
+        if self.forbidden_passes:
+            return forbidden_backoff(self.runtime.config, self.forbidden_passes)
         return self._next_wait(plan, job, pods)
+
+    def _note_forbidden(self, applied: Applied, plan: Plan) -> None:
+        """A 403 on create is the namespace's doing (a quota, Pod Security admission), not the spec's: the
+        job keeps what it has, says why in a condition and an Event, and backs off until it may create."""
+        if applied.forbidden is not None:
+            if self.forbidden_passes == 0 or job_status.get_condition(self.status, CREATE_FORBIDDEN) is None:
+                kopf.warn(self.body, reason="FailedCreate", message=applied.forbidden)
+            self.forbidden_passes += 1
+            retry = forbidden_backoff(self.runtime.config, self.forbidden_passes)
+            job_status.set_condition(self.status, CREATE_FORBIDDEN, True, "Forbidden",
+                                     f"{applied.forbidden} (try {self.forbidden_passes}; next in {retry:.1f} s)",
+                                     at=job_status.now(), generation=self.body["metadata"].get("generation"))
+        elif plan.create and applied.clean and self.forbidden_passes:
+            self.forbidden_passes = 0
+            job_status.set_condition(self.status, CREATE_FORBIDDEN, False, "Created", "", at=job_status.now(),
+                                     generation=self.body["metadata"].get("generation"))
 
     def _parse(self, body: kopf.Body, spec_json: str) -> tuple[RLTrainingJob | None, list[Problem]]:
         """Validate like `kuberl validate` (`validate_spec`); cached until the spec changes."""
         if self._parsed is None or self._parsed[0] != spec_json:
             self.api_invalid = None  # a refusal by the API server was about the previous spec
-            self._parsed = (spec_json, *validate_spec(body, spec_json, self.logger))
+            self._parsed = (spec_json, *validate_spec(body, spec_json, self.logger, self.runtime.config.tenancy))
         return self._parsed[1], self._parsed[2]
 
     async def _write_status(self) -> None:

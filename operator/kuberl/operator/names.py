@@ -40,6 +40,9 @@ CLIENT_PORT = 10001
 DEFAULT_METRICS_PORT = 8080
 
 CHECKPOINT_MOUNT = "/checkpoints"
+#: Where the learner reads its job: a file of the job's spec ConfigMap (`job_spec_config_map`).
+JOB_SPEC_MOUNT = "/etc/kuberl/job"
+JOB_SPEC_KEY = "job.json"
 
 
 def head_pod(job: str) -> str:
@@ -58,6 +61,12 @@ def learner_pod(job: str) -> str:
 def learner_replica_pod(job: str, rank: int) -> str:
     """Data-parallel learner `rank` (1..N-1); rank 0 is `learner_pod`."""
     return f"{job}-learner-{rank}"
+
+
+def job_spec_config_map(job: str, digest: str) -> str:
+    """The ConfigMap carrying the job as the learner reads it; named by its content, so a learner started
+    after an edit reads the edited job while one already running keeps the file it started with."""
+    return f"{job}-spec-{digest}"
 
 
 def metrics_service(job: str) -> str:

@@ -26,6 +26,8 @@ RULES: list[dict[str, list[str]]] = [
     # Each job's Ray token: created once, deleted with the job, never read back (no get, list or watch,
     # so the operator's credentials cannot read any Secret, its own jobs' included).
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete"]},
+    # Each learner's job file (immutable, named by its content): created, then gone with the job.
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
      "verbs": ["get", "list", "watch", "create", "delete"]},
     # spec.serving: the Deployment serving the trained policy (its Service is under services above).

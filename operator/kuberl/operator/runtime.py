@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import kubernetes
 from kuberl.api.job import GROUP, PLURAL, VERSION, RLTrainingJob
+from kuberl.api.tenancy import Tenancy
 from kuberl.operator import builders
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.lifecycle import PodView
@@ -27,6 +28,24 @@ DEFAULT_LEARNER_METRICS_URL = "http://{pod_ip}:{port}/metrics"
 
 #: Resolves a learner's metrics URL; None means "cannot scrape now" (e.g. the pod has no IP yet).
 MetricsUrlResolver = Callable[[RLTrainingJob, PodView], "str | None"]
+
+#: The most the operator reads of a learner's /metrics; the pod is the tenant's, so its answer may be
+#: anything. A real learner serves 8.5 KB (CartPole PPO) and 37 KB at most (kuberl.trainer.metrics with
+#: the longest names the spec allows and 33 evaluation suites): the cap is 28 times that, far below the
+#: operator's 256 Mi memory limit, and it bounds the time the parse takes.
+MAX_METRICS_BYTES = 1024 * 1024
+
+
+class MetricsRefused(ValueError):
+    """A learner's /metrics answer the operator does not read (compressed, too large, a redirect)."""
+
+
+class MetricsTooLarge(MetricsRefused):
+    """The learner's /metrics is larger than MAX_METRICS_BYTES; the read stopped at the cap."""
+
+
+class MetricsRedirected(MetricsRefused):
+    """The learner's /metrics answered a redirect: the operator fetches no URL the learner chooses."""
 
 
 def url_from_template(template: str) -> MetricsUrlResolver:
@@ -50,10 +69,13 @@ class OperatorConfig:
     idle_interval: float = 300.0
     #: Seconds between reads of a running learner's /metrics into status.progress.
     progress_interval: float = 10.0
+    #: Seconds one read of a learner's /metrics may take, from connecting to its last byte.
     scrape_timeout: float = 3.0
     learner_metrics_url: MetricsUrlResolver | str = DEFAULT_LEARNER_METRICS_URL
     #: Threads for Kubernetes API calls (pods of many jobs are created concurrently).
     api_threads: int = 4
+    #: What each namespace's job pods may be, and the operator's own namespace (where no job may run).
+    tenancy: Tenancy = field(default_factory=Tenancy)
 
     def metrics_url(self) -> MetricsUrlResolver:
         if isinstance(self.learner_metrics_url, str):
@@ -112,6 +134,7 @@ class Kube:
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "Secret": self.core.create_namespaced_secret,
+            "ConfigMap": self.core.create_namespaced_config_map,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Deployment": self.apps.create_namespaced_deployment,
         }[kind]
@@ -177,12 +200,41 @@ class Runtime:
         if event is not None:
             event.set()
 
-    async def get_text(self, url: str) -> str:
+    async def get_metrics(self, url: str) -> bytes:
+        """A learner's /metrics body, as sent: at most MAX_METRICS_BYTES, within scrape_timeout.
+
+        Raises MetricsTooLarge past the cap (having buffered no more than the cap), MetricsRedirected on a
+        3xx (no redirect is followed), MetricsRefused on a compressed body, aiohttp.ClientResponseError on
+        4xx/5xx, and aiohttp.ClientError, OSError or asyncio.TimeoutError when the learner is unreachable
+        or slow.
+        """
         if self.http is None:
-            self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout))
-        async with self.http.get(url) as response:
+            # Uncompressed only: a compressed body's size says nothing of what it inflates to. No cookies:
+            # one learner must not set what the operator sends to another.
+            self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.scrape_timeout),
+                                              auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                                              headers={"Accept-Encoding": "identity"})
+        async with self.http.get(url, allow_redirects=False) as response:
+            if 300 <= response.status < 400:
+                raise MetricsRedirected(
+                    f"{url} answered HTTP {response.status}, a redirect to {response.headers.get('Location')!r}; "
+                    "the operator follows no redirect from a learner: serve /metrics at the URL itself")
             response.raise_for_status()
-            return await response.text()
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding != "identity":
+                raise MetricsRefused(f"{url} sent its metrics with Content-Encoding {encoding!r} although the "
+                                     "operator asked for identity; serve them uncompressed")
+            too_large = MetricsTooLarge(
+                f"{url} sent more than {MAX_METRICS_BYTES} bytes, the most the operator reads of a learner's "
+                "/metrics (a learner serves tens of KB): check what the metrics port serves")
+            if response.content_length is not None and response.content_length > MAX_METRICS_BYTES:
+                raise too_large
+            body = bytearray()
+            while chunk := await response.content.read(MAX_METRICS_BYTES + 1 - len(body)):
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    raise too_large
+            return bytes(body)
 
     async def close(self) -> None:
         if self.http is not None:

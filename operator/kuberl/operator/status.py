@@ -77,25 +77,59 @@ PROGRESS_METRICS = (
 CHECKPOINT_METRIC = "kuberl_checkpoint_timestamp_seconds"
 
 
-def _progress(samples: dict[str, float]) -> Progress:
-    """Progress, field by field, from its metrics; a missing or non-finite sample reads as the field's default."""
+#: The largest integer the status holds: the API server stores integers as int64 and refuses a larger one,
+#: which would stop every later status write of the job.
+MAX_STATUS_INT = 2**63 - 1
 
-    def finite(metric: str) -> float | None:
-        value = samples.get(metric)
-        return value if value is not None and math.isfinite(value) else None
+#: The longest line read from a learner's metrics. A real learner's longest is a win-rate sample with the
+#: longest names the spec allows: 529 characters. The text parser's time grows with the square of a line's
+#: length on some inputs (17 s for one 1 MiB line of escaped quotes); with lines this short, a body of the
+#: read cap (runtime.MAX_METRICS_BYTES) parses in about a second at worst.
+MAX_METRICS_LINE_CHARS = 2048
+
+
+def _finite(value: float) -> float | None:
+    """A sample's value as a finite float; None for NaN, +Inf, -Inf and integers past float's range (the
+    text parser turns a value written as digits into an int of any size)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _count(value: float | None) -> int | None:
+    """A non-negative count the status can hold; None when there is none."""
+    if value is None or not 0 <= value <= MAX_STATUS_INT:
+        return None
+    return int(value)
+
+
+def _timestamp(value: float | None) -> datetime | None:
+    """A Unix time as a datetime; None for none yet (0) or one no datetime can hold."""
+    if value is None or value <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(value, timezone.utc).replace(microsecond=0)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def _progress(samples: dict[str, float]) -> Progress:
+    """Progress, field by field, from its (finite) metrics; a missing sample reads as the field's default."""
 
     def count(metric: str) -> int:
-        return max(0, int(finite(metric) or 0))
+        return _count(samples.get(metric)) or 0
 
     def rate(metric: str) -> float:
-        return max(0.0, finite(metric) or 0.0)
+        return max(0.0, samples.get(metric, 0.0))
 
     return Progress(
         episodes=count("kuberl_episodes_total"),
         env_steps=count("kuberl_env_steps_total"),
         episodes_per_second=rate("kuberl_episodes_per_second"),
         env_steps_per_second=rate("kuberl_env_steps_per_second"),
-        mean_return=finite("kuberl_episode_return_mean"),
+        mean_return=samples.get("kuberl_episode_return_mean"),
         wall_clock_seconds=rate("kuberl_training_wall_clock_seconds"),
         gradient_updates=count("kuberl_gradient_updates_total"),
         iterations=count("kuberl_iterations_total"),
@@ -114,34 +148,49 @@ class LearnerReport:
         self.evaluation = evaluation
 
 
+def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], dict[str, float]]:
+    """The first finite value of each sample name (job_name's, or unlabelled), and win rates by suite.
+    A sample that is NaN, infinite or past float's range is skipped, as if the learner had not sent it."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        if len(line) > MAX_METRICS_LINE_CHARS:
+            raise ValueError(f"line {number} of the metrics is {len(line)} characters long; the most read is "
+                             f"{MAX_METRICS_LINE_CHARS} (a learner's longest is under 600)")
+    samples: dict[str, float] = {}
+    win_rates: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if job_name is not None and sample.labels.get("job_name", job_name) != job_name:
+                    continue
+                value = _finite(sample.value)
+                if value is None:
+                    continue
+                if sample.name == "kuberl_evaluation_win_rate" and "suite" in sample.labels:
+                    win_rates[sample.labels["suite"]] = value
+                    continue
+                samples.setdefault(sample.name, value)
+    except OverflowError as err:  # a sample timestamp past float's range
+        raise ValueError(f"the metrics are not Prometheus text format: {err}") from None
+    return samples, win_rates
+
+
 def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerReport:
     """Read progress from Prometheus exposition text. Samples of another job_name are ignored.
 
     Raises ValueError when the text is not exposition format or carries no KubeRL progress at all
-    (a wrong URL answering 200 must not zero a job's progress).
+    (a wrong URL answering 200 must not zero a job's progress). The text may be hostile (the learner pod
+    is the tenant's): no NaN, infinity or number the API server cannot store reaches the report.
     """
-    samples: dict[str, float] = {}
-    win_rates: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if job_name is not None and sample.labels.get("job_name", job_name) != job_name:
-                continue
-            if sample.name == "kuberl_evaluation_win_rate" and "suite" in sample.labels:
-                win_rates[sample.labels["suite"]] = sample.value
-                continue
-            samples.setdefault(sample.name, sample.value)
+    samples, win_rates = _read_samples(text, job_name)
     if not any(name in samples for name in PROGRESS_METRICS):
         raise ValueError("no kuberl_* progress metrics in the response")
-    checkpoint = samples.get(CHECKPOINT_METRIC)
-    checkpoint_time = (datetime.fromtimestamp(checkpoint, timezone.utc).replace(microsecond=0)
-                       if checkpoint and checkpoint > 0 else None)
+    checkpoint_time = _timestamp(samples.get(CHECKPOINT_METRIC))
     finished = samples.get("kuberl_job_finished", 0.0) >= 1.0
-    iteration = samples.get("kuberl_checkpoint_iteration")
-    last_checkpoint = f"ckpt-{int(iteration):09d}.pt" if checkpoint_time and iteration else None
+    iteration = _count(samples.get("kuberl_checkpoint_iteration"))
+    last_checkpoint = f"ckpt-{iteration:09d}.pt" if checkpoint_time and iteration else None
     evaluation = None
     # The learner sets its evaluation gauges before it reports finished: only then are they results.
     if finished and samples.get("kuberl_evaluation_return_mean") is not None:
         evaluation = {"deterministic": {"meanReturn": samples["kuberl_evaluation_return_mean"]}}
         evaluation.update({suite: {"winRate": rate} for suite, rate in sorted(win_rates.items())})
     return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation)
-

@@ -41,6 +41,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_bounded(path: str, limit: int) -> str:
+    """A learner pod's job file (the operator's ConfigMap), read to one byte past the job limit: a longer
+    file is refused by the size check, not read whole."""
+    from kuberl.api.load import InvalidJob, Problem
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise InvalidJob([Problem("<file>", f"cannot read the job file {path}: {err.strerror}", has_value=False)],
+                         path) from None
+    return data.decode("utf-8", errors="replace")
+
+
 def _cmd_crd(args: argparse.Namespace) -> int:
     from kuberl.api.crd import crd_yaml
 
@@ -84,18 +98,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = _overrides(args)
     try:
         if args.job == "-" or args.job is None:
-            spec_json = os.environ.get("KUBERL_JOB_SPEC")
-            if args.job is None and spec_json:
-                data = read_job_json(spec_json, "$KUBERL_JOB_SPEC")
+            spec_file = os.environ.get("KUBERL_JOB_SPEC_FILE")
+            if args.job is None and spec_file:
+                data = read_job_json(_read_bounded(spec_file, MAX_JOB_BYTES), "$KUBERL_JOB_SPEC_FILE")
                 # Named as the operator names it: the job's status quotes this text.
                 name = (data.get("metadata") or {}).get("name") if isinstance(data, dict) else None
-                job = parse_with_overrides(data, overrides, source=name or "$KUBERL_JOB_SPEC",
+                job = parse_with_overrides(data, overrides, source=name or "$KUBERL_JOB_SPEC_FILE",
                                            check=check_environment)
             elif args.job == "-":
                 job = load_job_bytes(sys.stdin.buffer.read(MAX_JOB_BYTES + 1), source="<stdin>",
                                      overrides=overrides, check=check_environment)
             else:
-                print("error: give a job file (or set KUBERL_JOB_SPEC in a learner pod)", file=sys.stderr)
+                print("error: give a job file (or set KUBERL_JOB_SPEC_FILE in a learner pod)", file=sys.stderr)
                 return 2
         else:
             job = load_job_file(args.job, overrides=overrides, check=check_environment)
@@ -243,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in (
         ("train", "train a job: an embedded Ray here, or an existing cluster with --ray-address"),
-        ("learner", "the learner pod's entry point (same as train; reads $KUBERL_JOB_SPEC when no file)"),
+        ("learner", "the learner pod's entry point (same as train; reads $KUBERL_JOB_SPEC_FILE when no file)"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("job", nargs="?", default=None, help="RLTrainingJob YAML file ('-' for stdin)")
