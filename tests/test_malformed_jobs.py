@@ -54,7 +54,9 @@ def cli_problems(path: Path, capsys) -> list[str]:
 def operator_problems(body: dict) -> list[str]:
     """What the operator finds in the same job: its loop's validation, then what the builders check."""
     body = {**body, "metadata": {**body["metadata"], "namespace": NS, "uid": "u-1"}}
-    loop = JobLoop(None, body, logging.getLogger("test"))  # type: ignore[arg-type]  (parsing needs no API)
+    from kuberl.operator.runtime import OperatorConfig, Runtime
+
+    loop = JobLoop(Runtime(OperatorConfig()), body, logging.getLogger("test"))  # parsing makes no API call
     job, problems = loop._parse(body, json.dumps(body.get("spec"), sort_keys=True))
     if job is not None and not problems:
         problems = lifecycle.buildable(job, BuildOptions())

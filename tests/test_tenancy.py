@@ -241,3 +241,43 @@ def test_the_single_namespace_rbac_keeps_the_operators_account_out_of_the_watche
     assert binding["subjects"][0]["namespace"] == rbac.DEFAULT_SERVICE_ACCOUNT_NAMESPACE != "rl-jobs"
     with pytest.raises(ValueError, match="outside the namespace it watches"):
         rbac.single_namespace("ops", service_account_namespace="ops")
+
+
+# ---- bounds: what one job may cost the operator ---------------------------------------------------
+
+
+def _padded(size: int) -> dict:
+    """A schema-valid template of about `size` bytes as JSON (one long annotation)."""
+    return {"metadata": {"annotations": {"note": "x" * max(0, size - 40)}}}
+
+
+def test_a_template_over_its_bound_is_refused_with_the_bound(job_dict):
+    job = _with_template(job_dict, "learner", _padded(pod_template.MAX_TEMPLATE_BYTES + 100))
+    with pytest.raises(InvalidJob) as err:
+        parse_job(job)
+    (problem,) = err.value.problems
+    assert problem.path == "spec.learner.template"
+    assert f"a template is at most {pod_template.MAX_TEMPLATE_BYTES:,}" in problem.message
+    parse_job(_with_template(job_dict, "learner", _padded(pod_template.MAX_TEMPLATE_BYTES - 100)))
+
+
+def test_replicas_times_template_size_is_bounded_per_job(job_dict):
+    template = _padded(pod_template.MAX_TEMPLATE_BYTES - 100)
+    fits = pod_template.MAX_JOB_TEMPLATE_BYTES // pod_template.template_bytes(template)
+    job = _with_template(job_dict, "rolloutWorkers", template)
+    job["spec"]["rolloutWorkers"]["replicas"] = fits
+    parse_job(copy.deepcopy(job))
+    job["spec"]["rolloutWorkers"]["replicas"] = fits + 1
+    with pytest.raises(InvalidJob) as err:
+        parse_job(job)
+    (problem,) = err.value.problems
+    assert problem.path == "spec" and f"rolloutWorkers {pod_template.template_bytes(template):,} bytes x {fits + 1}" \
+        in problem.message and "fewer replicas or smaller templates" in problem.message
+
+
+def test_kubectl_explain_states_the_bounds():
+    from kuberl.api.crd import crd
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for role in ROLES:
+        assert pod_template.BOUNDS_TEXT in spec[role]["properties"]["template"]["description"], role

@@ -80,7 +80,8 @@ def _template_field(role: str) -> Any:
         "containers, env, volumes, imagePullSecrets by name, volumeMounts by mountPath; tolerations and envFrom "
         f"are appended. The container named {pod_template.MAIN_CONTAINERS[role]!r} is the operator's: its "
         "command, args, image, ports, resources, probes, KUBERL_*/Ray env and /tmp, /dev/shm, /checkpoints "
-        "mounts cannot be set, nor restartPolicy or kuberl.dev/* labels. Cluster only."))
+        "mounts cannot be set, nor restartPolicy or kuberl.dev/* labels. " + pod_template.BOUNDS_TEXT
+        + " Cluster only."))
 
 # CEL rules (`x-kubernetes-validations`): the cross-field checks below, in the CRD, so a real API server
 # refuses a bad job at `kubectl apply`. Only base CEL and regexes: the chart supports Kubernetes 1.27,
@@ -743,6 +744,20 @@ class RLTrainingJobSpec(_Model):
     def _serving_needs_a_claim(self) -> RLTrainingJobSpec:
         if self.serving is not None and self.checkpointing.volume.claim_name is None:
             raise ValueError(SERVING_NEEDS_CLAIM)
+        return self
+
+    @model_validator(mode="after")
+    def _templates_fit(self) -> RLTrainingJobSpec:
+        shaped = {"head": (self.head.template, 1),
+                  "rolloutWorkers": (self.rollout_workers.template, self.rollout_workers.replicas),
+                  "learner": (self.learner.template, self.learner.replicas),
+                  "serving": (self.serving.template, self.serving.replicas) if self.serving else (None, 0)}
+        cost = {role: pod_template.template_bytes(t) * pods for role, (t, pods) in shaped.items()}
+        if sum(cost.values()) > pod_template.MAX_JOB_TEMPLATE_BYTES:
+            parts = ", ".join(f"{role} {pod_template.template_bytes(shaped[role][0]):,} bytes x {shaped[role][1]}"
+                              for role in cost if cost[role])
+            raise ValueError(f"the pod templates times their pods come to {sum(cost.values()):,} bytes ({parts}); "
+                             f"at most {pod_template.MAX_JOB_TEMPLATE_BYTES:,}: fewer replicas or smaller templates")
         return self
 
     @model_validator(mode="after")

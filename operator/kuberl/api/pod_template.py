@@ -18,6 +18,7 @@ Merge rules (strategic merge as `kubectl patch` does it, keyed as Kubernetes key
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from kuberl.api import pod_schema
@@ -86,6 +87,23 @@ _MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "v
 _APPENDED = ("tolerations", "envFrom")
 
 
+# ---- bounds -------------------------------------------------------------------------------------
+# A template is merged onto every pod of its role on every pass that builds them: its size times the pods
+# it shapes is what a job costs the operator in time and memory. Real templates (tolerations, affinity,
+# env from Secrets, a sidecar or two) are 1-10 KiB.
+
+#: Bytes of one template as compact JSON.
+MAX_TEMPLATE_BYTES = 32 * 1024
+#: Bytes of every template times the pods it is merged onto, summed over the job's roles.
+MAX_JOB_TEMPLATE_BYTES = 2 * 1024 * 1024
+BOUNDS_TEXT = (f"A template is at most {MAX_TEMPLATE_BYTES // 1024} KiB as JSON, and a job's templates times the "
+               f"pods each shapes at most {MAX_JOB_TEMPLATE_BYTES // (1024 * 1024)} MiB.")
+
+
+def template_bytes(template: dict[str, Any] | None) -> int:
+    return len(json.dumps(template, separators=(",", ":"))) if template else 0
+
+
 class TemplateProblems(ValueError):
     """A template the job cannot use: (path inside the template, message) for each problem. The job's
     loader turns each into a Problem at `spec.<role>.template.<path>`."""
@@ -96,7 +114,11 @@ class TemplateProblems(ValueError):
 
 
 def check(template: dict[str, Any], role: str) -> dict[str, Any]:
-    """The template, or TemplateProblems: the schema's (typos, types) first, then the owned fields."""
+    """The template, or TemplateProblems: its size, the schema's (typos, types), then the owned fields."""
+    size = template_bytes(template)
+    if size > MAX_TEMPLATE_BYTES:
+        raise TemplateProblems([((), f"is {size:,} bytes as JSON; a template is at most {MAX_TEMPLATE_BYTES:,} "
+                                     "(move large data into a ConfigMap or Secret the template mounts)")])
     found = pod_schema.problems(template)
     if not found:
         found = owned_problems(template, role)

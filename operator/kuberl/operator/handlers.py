@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -283,7 +284,9 @@ class JobLoop:
         if body["metadata"].get("deletionTimestamp"):
             return self.runtime.config.idle_interval  # kopf stops this loop; the children go with the job
         spec_json = json.dumps(body.get("spec"), sort_keys=True)
-        job, problems = self._parse(body, spec_json)
+        # Validation and planning are pure and, for the largest job, tens of milliseconds each: they run on
+        # a thread, so no job holds up the event loop that every other job's loop and kopf's watches share.
+        job, problems = await asyncio.to_thread(self._parse, body, spec_json)
         if self.api_invalid:
             problems = [*problems, Problem("spec", f"the API server refused a child of this job: {self.api_invalid}",
                                            has_value=False)]
@@ -292,8 +295,9 @@ class JobLoop:
                 if (pod.get("metadata", {}).get("labels") or {}).get(names.JOB_NAME_LABEL) == self.name]
         report = await self.progress.read(job, pods)
         meta = JobMeta(self.name, self.namespace, self.uid, body["metadata"].get("generation"))
-        plan = lifecycle.plan(meta=meta, job=job, problems=problems, status=self.status, pods=pods,
-                              now=job_status.now(), options=self.runtime.config.build, report=report, deleted=self.deleted)
+        plan = await asyncio.to_thread(functools.partial(
+            lifecycle.plan, meta=meta, job=job, problems=problems, status=self.status, pods=pods,
+            now=job_status.now(), options=self.runtime.config.build, report=report, deleted=self.deleted))
         before = Phase(self.status.phase)
         self.status = plan.status
         applied = await self.children.apply(plan, job)
