@@ -109,13 +109,14 @@ class _Operator:
 
 
 @contextlib.contextmanager
-def running_operator(cluster, log_path: Path) -> Iterator[_Operator]:
+def running_operator(cluster, log_path: Path, metrics_port: int = 0) -> Iterator[_Operator]:
     """The real `kuberl-operator` command, default settings, watching the benchmark's namespace of
-    `cluster` (a k8s_emulator.EmulatedCluster)."""
+    `cluster` (a k8s_emulator.EmulatedCluster); its own /metrics on `metrics_port` (0: off)."""
     liveness = free_port()
     script = Path(sys.executable).parent / "kuberl-operator"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "kuberl.operator.main"]
-    command += ["--namespace", NS, "--metrics-port", "0", "--log-format", "plain",
+    command += ["--namespace", NS, "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
+                "--log-format", "plain",
                 "--liveness-endpoint", f"http://127.0.0.1:{liveness}/healthz"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, env=cluster.env, stdout=log, stderr=subprocess.STDOUT)

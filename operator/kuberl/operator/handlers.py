@@ -409,7 +409,22 @@ async def pod_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_:
         memo.runtime.poke(namespace, job_name)
 
 
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+#: How often the operator checks that its event loop is free (`watch_event_loop`).
+LOOP_LAG_PERIOD_S = 0.1
+
+
+async def watch_event_loop(runtime: Runtime) -> None:
+    """Record how late the event loop wakes a timer (kuberl_operator_event_loop_lag_seconds): every job's
+    loop and kopf's watches share it, so a handler that holds it up stalls them all."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await asyncio.sleep(LOOP_LAG_PERIOD_S)
+        runtime.metrics.loop_lag.observe(max(0.0, loop.time() - started - LOOP_LAG_PERIOD_S))
+
+
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.tasks.add(asyncio.ensure_future(watch_event_loop(memo.runtime)))
     settings.persistence.finalizer = names.FINALIZER
     # Kopf's bookkeeping goes to annotations: the CRD's status schema has no room for it.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kuberl.dev")

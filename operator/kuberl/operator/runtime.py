@@ -187,6 +187,8 @@ class Runtime:
         #: The spec each job's loop last acted on (job events poke only when it changed).
         self.seen_specs: dict[tuple[str, str], str] = {}
         self.http: aiohttp.ClientSession | None = None
+        #: Background tasks of the operator (the event-loop watch), cancelled on close.
+        self.tasks: set[asyncio.Future] = set()
 
     @property
     def kube(self) -> Kube:
@@ -237,6 +239,9 @@ class Runtime:
             return bytes(body)
 
     async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        self.tasks.clear()
         if self.http is not None:
             await self.http.close()
             self.http = None
