@@ -240,3 +240,47 @@ def test_every_skipped_check_has_a_reason_and_still_fires_without_its_skip(targe
         fired = {f["check_id"] for f in failed_checks(scan(directory, only=set(skips)))}
         stale = sorted(set(skips) - fired)
         assert not stale, f"{target}: {stale} no longer fail there: remove them from its skips"
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile templates: what the operator refuses, the scanner flags
+# --------------------------------------------------------------------------------------------
+
+#: A tenant's template for the learner -> the checkov check that flags the pod it would give.
+HOSTILE_LEARNER_TEMPLATES = {
+    "CKV_K8S_16": {"spec": {"containers": [{"name": "side", "image": "busybox:1.36",
+                                             "securityContext": {"privileged": True}}]}},
+    "CKV_K8S_39": {"spec": {"containers": [{"name": "side", "image": "busybox:1.36",
+                                             "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}},
+    "CKV_K8S_20": {"spec": {"containers": [{"name": "learner",
+                                             "securityContext": {"allowPrivilegeEscalation": True}}]}},
+    "CKV_K8S_19": {"spec": {"hostNetwork": True}},
+    "CKV_K8S_17": {"spec": {"hostPID": True}},
+    "CKV_K8S_18": {"spec": {"hostIPC": True}},
+    "CKV_K8S_26": {"spec": {"containers": [{"name": "side", "image": "busybox:1.36",
+                                             "ports": [{"containerPort": 80, "hostPort": 80}]}]}},
+    "CKV_K8S_38": {"spec": {"automountServiceAccountToken": True}},
+    "CKV_K8S_27": {"spec": {"volumes": [{"name": "sock", "hostPath": {"path": "/var/run/docker.sock"}}]}},
+}
+
+
+def test_every_hostile_template_the_scanner_flags_is_refused_by_the_operator(job_dict, tmp_path):
+    """The operator's own check (tenancy, default allowance) against checkov on the pods such templates
+    would build if nothing refused them: each is flagged by the named check, and each is refused."""
+    from kuberl.api.load import parse_job
+    from kuberl.api.problems import InvalidJob
+    from kuberl.api.tenancy import Tenancy
+    from kuberl.operator import builders
+
+    for check_id, template in HOSTILE_LEARNER_TEMPLATES.items():
+        spec = copy.deepcopy(job_dict)
+        spec["metadata"] = {"name": f"hostile-{check_id.lower().replace('_', '-')}", "namespace": "ml-jobs"}
+        spec["spec"]["learner"] = {"template": template}
+        with pytest.raises(InvalidJob):
+            parse_job(copy.deepcopy(spec), tenancy=Tenancy())
+        pod = builders.build_learner_pod(parse_job(spec), builders.BuildOptions())  # as if unchecked
+        (tmp_path / f"{check_id}.yaml").write_text(yaml.safe_dump(pod))
+    report = scan(tmp_path, only=set(HOSTILE_LEARNER_TEMPLATES))
+    flagged = {(Path(f["file_path"]).stem, f["check_id"]) for f in failed_checks(report)}
+    missed = [check_id for check_id in HOSTILE_LEARNER_TEMPLATES if (check_id, check_id) not in flagged]
+    assert not missed, f"checkov did not flag the pods these templates give: {missed}"
