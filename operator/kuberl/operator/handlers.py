@@ -198,6 +198,31 @@ def _component(manifest: dict[str, Any]) -> str:
     return manifest["metadata"]["labels"][names.COMPONENT_LABEL]
 
 
+class ForbiddenCreates:
+    """A 403 on create is the namespace's doing (a quota, Pod Security admission), not the spec's: the job
+    keeps what it has, says why in a condition and an Event, and backs off until it may create."""
+
+    def __init__(self, config: OperatorConfig):
+        self.config = config
+        #: Passes in a row whose creates the API server refused with 403.
+        self.passes = 0
+
+    def note(self, status: Any, body: kopf.Body, applied: Applied, plan: Plan) -> None:
+        generation = body["metadata"].get("generation")
+        if applied.forbidden is not None:
+            if self.passes == 0 or job_status.get_condition(status, CREATE_FORBIDDEN) is None:
+                kopf.warn(body, reason="FailedCreate", message=applied.forbidden)
+            self.passes += 1
+            retry = forbidden_backoff(self.config, self.passes)
+            job_status.set_condition(status, CREATE_FORBIDDEN, True, "Forbidden",
+                                     f"{applied.forbidden} (try {self.passes}; next in {retry:.1f} s)",
+                                     at=job_status.now(), generation=generation)
+        elif plan.create and applied.clean and self.passes:
+            self.passes = 0
+            job_status.set_condition(status, CREATE_FORBIDDEN, False, "Created", "", at=job_status.now(),
+                                     generation=generation)
+
+
 class JobLoop:
     """The reconcile loop of one job."""
 
@@ -213,8 +238,7 @@ class JobLoop:
         self.progress = ProgressReader(runtime, self.name, logger)
         self.children = ChildWriter(runtime, body)
         self.failures = 0
-        #: Passes in a row whose creates the API server refused with 403.
-        self.forbidden_passes = 0
+        self.forbidden = ForbiddenCreates(runtime.config)
         self.api_invalid: str | None = None
         #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
         self.deleted: set[str] = set()
@@ -304,7 +328,7 @@ class JobLoop:
         self.api_invalid = applied.refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
         self.deleted -= applied.created
-        self._note_forbidden(applied, plan)
+        self.forbidden.note(self.status, self.body, applied, plan)
         await self._write_status()
         post_events(self.body, plan, self.logger)
         count(self.runtime, self.uid or self.name, plan, before)
@@ -315,25 +339,10 @@ class JobLoop:
             return self.runtime.config.idle_interval
         if applied.error is not None:
             raise applied.error
-        if self.forbidden_passes:
-            return forbidden_backoff(self.runtime.config, self.forbidden_passes)
+        if self.forbidden.passes:
+            return forbidden_backoff(self.runtime.config, self.forbidden.passes)
         return self._next_wait(plan, job, pods)
 
-    def _note_forbidden(self, applied: Applied, plan: Plan) -> None:
-        """A 403 on create is the namespace's doing (a quota, Pod Security admission), not the spec's: the
-        job keeps what it has, says why in a condition and an Event, and backs off until it may create."""
-        if applied.forbidden is not None:
-            if self.forbidden_passes == 0 or job_status.get_condition(self.status, CREATE_FORBIDDEN) is None:
-                kopf.warn(self.body, reason="FailedCreate", message=applied.forbidden)
-            self.forbidden_passes += 1
-            retry = forbidden_backoff(self.runtime.config, self.forbidden_passes)
-            job_status.set_condition(self.status, CREATE_FORBIDDEN, True, "Forbidden",
-                                     f"{applied.forbidden} (try {self.forbidden_passes}; next in {retry:.1f} s)",
-                                     at=job_status.now(), generation=self.body["metadata"].get("generation"))
-        elif plan.create and applied.clean and self.forbidden_passes:
-            self.forbidden_passes = 0
-            job_status.set_condition(self.status, CREATE_FORBIDDEN, False, "Created", "", at=job_status.now(),
-                                     generation=self.body["metadata"].get("generation"))
 
     def _parse(self, body: kopf.Body, spec_json: str) -> tuple[RLTrainingJob | None, list[Problem]]:
         """Validate like `kuberl validate` (`validate_spec`); cached until the spec changes."""
