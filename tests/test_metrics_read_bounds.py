@@ -486,3 +486,15 @@ async def test_infinities_from_a_learner_reach_no_status(job, learner):
     assert result.report is not None and result.report.progress.episodes == 321
     assert result.report.progress.mean_return is None and result.report.last_checkpoint_time is None
     assert_storable(job, result.report)
+
+
+def test_a_learner_cannot_grow_the_status_with_evaluation_suites():
+    """A finished learner names its evaluation suites; no more than a spec can hold reach the status."""
+    from kuberl.operator.status import MAX_SUITES, parse_learner_metrics
+
+    lines = ["kuberl_job_finished 1", "kuberl_episodes_total 10", "kuberl_evaluation_return_mean 5"]
+    lines += [f'kuberl_evaluation_win_rate{{suite="s{i}"}} 0.5' for i in range(1000)]
+    lines += [f'kuberl_evaluation_win_rate{{suite="{"x" * 200}"}} 0.5']
+    report = parse_learner_metrics("\n".join(lines) + "\n")
+    suites = [name for name in report.evaluation if name != "deterministic"]
+    assert len(suites) == MAX_SUITES == 32 and all(len(name) <= 63 for name in suites)

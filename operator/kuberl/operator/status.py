@@ -10,7 +10,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from kuberl.api.job import Condition, Progress, RLTrainingJobStatus
+from kuberl.api.job import Condition, EvaluationSpec, Progress, RLTrainingJobStatus
 from prometheus_client.parser import text_string_to_metric_families
 
 #: Condition types, all present once a job has been reconciled (status "True" or "False").
@@ -86,6 +86,11 @@ MAX_STATUS_INT = 2**63 - 1
 #: length on some inputs (17 s for one 1 MiB line of escaped quotes); with lines this short, a body of the
 #: read cap (runtime.MAX_METRICS_BYTES) parses in about a second at worst.
 MAX_METRICS_LINE_CHARS = 2048
+
+
+#: Bounds of spec.evaluation.suites (its length and a suite's name).
+MAX_SUITES = EvaluationSpec.model_fields["suites"].metadata[0].max_length
+MAX_SUITE_NAME = 63
 
 
 def _finite(value: float) -> float | None:
@@ -166,7 +171,11 @@ def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], di
                 if value is None:
                     continue
                 if sample.name == "kuberl_evaluation_win_rate" and "suite" in sample.labels:
-                    win_rates[sample.labels["suite"]] = value
+                    # As many suites as a spec can name, with names a spec can hold: the rest is not
+                    # this job's, and would only grow its status.
+                    suite = sample.labels["suite"]
+                    if len(suite) <= MAX_SUITE_NAME and (suite in win_rates or len(win_rates) < MAX_SUITES):
+                        win_rates[suite] = value
                     continue
                 samples.setdefault(sample.name, value)
     except OverflowError as err:  # a sample timestamp past float's range
