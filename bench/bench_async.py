@@ -26,17 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import RESULTS, Bench, Stopwatch, autoscaling_job, best_threshold, example_job, train_job
 from kuberl.trainer.envs.autoscaling import AutoscalingEnv
-
-from common import (
-    RESULTS,
-    autoscaling_job,
-    autoscaling_machine,
-    best_threshold,
-    example_job,
-    train_job,
-    write_json,
-)
 
 
 class SlowAutoscaling(AutoscalingEnv):  # used as a module:Class env id, so a gymnasium.Env subclass
@@ -51,19 +42,20 @@ class SlowAutoscaling(AutoscalingEnv):  # used as a module:Class env id, so a gy
         return super().step(action)
 
 
-def main() -> None:
-    from kuberl.trainer.envs import AUTOSCALING_ID
-    from kuberl.trainer.workers import start_ray
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pattern", default="SINE_CURVE")
     parser.add_argument("--budget", type=int, default=40_000, help="env steps per run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-async"))
-    parser.add_argument("--output", type=Path, default=RESULTS / "async.json")
-    args = parser.parse_args()
-    report: dict[str, Any] = {"machine_before": autoscaling_machine(), "pattern": args.pattern,
-                              "budget_env_steps": args.budget}
-    t0 = time.perf_counter()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "async.json", arguments)
+    args = bench.args
+    from kuberl.trainer.envs import AUTOSCALING_ID
+    from kuberl.trainer.workers import start_ray
+
+    report: dict[str, Any] = {"pattern": args.pattern, "budget_env_steps": args.budget}
+    clock = Stopwatch()
     target = best_threshold(AUTOSCALING_ID, {"load_pattern": args.pattern})["mean_return"]
     report["target_return"] = target
     start_ray(None, local_slots=2)
@@ -100,9 +92,8 @@ def main() -> None:
     report["async_over_sync_updates_per_second"] = {
         name: round(report["runs"][f"{name}_async"]["updates_per_second"]
                     / report["runs"][f"{name}_sync"]["updates_per_second"], 2) for name, _, _ in scenarios}
-    report["total_seconds"] = round(time.perf_counter() - t0, 1)
-    report["machine_after"] = autoscaling_machine()
-    write_json(args.output, report, indent=2)
+    report["total_seconds"] = clock.seconds(1)
+    bench.write(report)
     print(json.dumps(report, indent=2))
 
 

@@ -26,13 +26,13 @@ from typing import Any
 
 from common import (
     RESULTS,
+    Bench,
+    Stopwatch,
     autoscaling_eval_seeds,
     autoscaling_job,
-    autoscaling_machine,
     best_threshold,
     example_job,
     train_job,
-    write_json,
 )
 
 #: Env steps each learner trains for, per pattern (fit ~15 minutes for the whole benchmark on 2 cores).
@@ -47,7 +47,6 @@ PPO_ALGORITHM = {
 
 def random_baseline(env_id: str, kwargs: dict[str, Any]) -> float:
     import gymnasium as gym
-
     from kuberl.trainer.envs.baselines import RandomPolicy, evaluate_policy
 
     space = gym.make(env_id, **kwargs).action_space
@@ -96,33 +95,34 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
     return {"margin_over_best_threshold": rows, "a_learner_beats_threshold": bool(best is not None and best > 0)}
 
 
-def main() -> None:
+def arguments(parser: argparse.ArgumentParser) -> None:
     from kuberl.trainer.envs.load_patterns import LOAD_PATTERNS
-    from kuberl.trainer.workers import start_ray
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patterns", nargs="+", default=list(LOAD_PATTERNS), choices=LOAD_PATTERNS)
     parser.add_argument("--algorithms", nargs="+", default=["qlearning", "dqn", "ppo", "bdq"],
                         choices=["qlearning", "dqn", "ppo", "bdq"])
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-autoscaling"))
-    parser.add_argument("--output", type=Path, default=RESULTS / "autoscaling.json")
-    args = parser.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "autoscaling.json", arguments)
+    args = bench.args
+    from kuberl.trainer.workers import start_ray
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     seeds = autoscaling_eval_seeds()
-    report: dict[str, Any] = {"machine_before": autoscaling_machine(), "budgets_env_steps": BUDGETS,
-                              "eval_seeds": [seeds[0], seeds[-1]], "patterns": {}}
-    t0 = time.perf_counter()
+    report: dict[str, Any] = {"budgets_env_steps": BUDGETS, "eval_seeds": [seeds[0], seeds[-1]], "patterns": {}}
+    clock = Stopwatch()
     start_ray(None, local_slots=2)
     for pattern in args.patterns:
         result = bench_pattern(pattern, args.algorithms, args.work_dir)
         report["patterns"][pattern] = {**result, **verdict(result)}
         print(json.dumps({pattern: report["patterns"][pattern]}, indent=1), flush=True)
-    report["total_seconds"] = round(time.perf_counter() - t0, 1)
-    report["machine_after"] = autoscaling_machine()
+    report["total_seconds"] = clock.seconds(1)
     report["learner_beats_threshold_on_every_pattern"] = all(
         p["a_learner_beats_threshold"] for p in report["patterns"].values())
-    write_json(args.output, report, indent=2)
-    print(f"wrote {args.output} in {report['total_seconds']} s", file=sys.stderr)
+    bench.write(report)
+    print(f"{report['total_seconds']} s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ For Tic-Tac-Toe (examples/tictactoe-dqn.yaml's kwargs: self-play opponent, half 
 Autoscaling-v0 / AutoscalingMulti-v0 (default kwargs), with `--envs` copies in this process, pinned to
 one core (the first of its affinity):
   - raw, reference: gymnasium SyncVectorEnv of the per-env env (autoreset SAME_STEP), random legal
-    actions; what a rollout worker stepped before the batched envs;
+    actions: the per-env way a rollout worker could step them;
   - raw, batched: TicTacToeBatch / AutoscalingBatch, the same actions (tests/test_batched_envs.py
     checks they run the same episodes step for step);
   - worker: one RolloutWorker (plain class) on the batched env, `sample_offpolicy` with the DQN
@@ -34,7 +34,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gymnasium as gym
 import numpy as np
-from common import EXAMPLES, RESULTS, example_job, interleaved_rates, machine, write_json
+from common import EXAMPLES, RESULTS, Bench, Stopwatch, example_job, interleaved_rates
 
 EXAMPLE_JOBS = {  # env id -> the example job whose policy (and Tic-Tac-Toe's kwargs) the worker uses
     "kuberl/TicTacToe-v0": "tictactoe-dqn.yaml",
@@ -147,18 +147,20 @@ def cpu_rates(fn, seconds: float, repeats: int) -> dict:
     return {"steps_per_cpu_second": round(statistics.median(rounds)), "rounds": [round(r) for r in rounds]}
 
 
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--envs", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--repeats", type=int, default=3)
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=2.0)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--output", type=Path, default=RESULTS / "batched_envs.json")
-    args = p.parse_args()
+    bench = Bench(__doc__, RESULTS / "batched_envs.json", arguments)
+    args = bench.args
     import kuberl.trainer.envs as envs_package
 
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
-    started = time.time()
+    clock = Stopwatch()
     results = {}
     for env_id in EXAMPLE_JOBS:
         fns = steppers(env_id, args.envs)
@@ -171,19 +173,14 @@ def main() -> None:
         results[env_id] = rates
         print(env_id, json.dumps({k: v if not isinstance(v, dict) else v.get("steps_per_second", v.get(
             "steps_per_cpu_second")) for k, v in rates.items()}))
-    out = {
-        "benchmark": "KubeRL envs: per-env SyncVectorEnv vs numpy-batched, and one rollout worker (env steps/s, one core)",
-        "command": f".venv/bin/python bench/bench_batched_envs.py --envs {args.envs} --seconds {args.seconds} "
-                   f"--repeats {args.repeats}",
-        "machine": machine(processor=platform.machine(), pinned_core=core,
-                           note="cores shared with other work; see loadavg_1min per rate"),
+    bench.write({
+        "machine_notes": {"processor": platform.machine(), "pinned_core": core,
+                          "note": "cores shared with other work; see loadavg_1min per rate"},
         "envs": args.envs,
         "code": str(Path(envs_package.__file__).resolve().parent),  # which tree's envs ran (A/B runs)
-        "wall_seconds": round(time.time() - started, 1),
-        "results": results,
-    }
-    write_json(args.output, out, indent=2)
-    print(f"wrote {args.output}")
+        "wall_seconds": clock.seconds(1),
+        "rates": results,
+    })
 
 
 if __name__ == "__main__":

@@ -23,21 +23,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from common import (
-    RESULTS,
-    autoscaling_job,
-    autoscaling_machine,
-    best_threshold,
-    example_job,
-    train_job,
-    write_json,
-)
+from common import RESULTS, Bench, Stopwatch, autoscaling_job, best_threshold, example_job, train_job
 
 #: The "wide" action space: 5 capacity tiers and 6 priority weights, MultiDiscrete([3, 5, 6]).
 WIDE = {"tiers": [[1.0, 1.0], [1.5, 1.45], [2.0, 1.9], [3.0, 2.8], [4.0, 3.6]],
@@ -78,19 +69,20 @@ def run(name: str, job: dict[str, Any], targets: dict[str, float], work: Path) -
     return out
 
 
-def main() -> None:
-    from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
-    from kuberl.trainer.workers import start_ray
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pattern", default="SPIKE")
     parser.add_argument("--budget", type=int, default=60_000, help="env steps per run")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/kuberl-bench-bdq-vs-dqn"))
-    parser.add_argument("--output", type=Path, default=RESULTS / "bdq_vs_dqn.json")
-    args = parser.parse_args()
-    report: dict[str, Any] = {"machine_before": autoscaling_machine(), "pattern": args.pattern,
-                              "budget_env_steps": args.budget}
-    t0 = time.perf_counter()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "bdq_vs_dqn.json", arguments)
+    args = bench.args
+    from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
+    from kuberl.trainer.workers import start_ray
+
+    report: dict[str, Any] = {"pattern": args.pattern, "budget_env_steps": args.budget}
+    clock = Stopwatch()
 
     start_ray(None, local_slots=2)
     for space, extra_kwargs in (("default", {}), ("wide", WIDE)):
@@ -127,9 +119,8 @@ def main() -> None:
             ratios[label] = round(dqn_steps / bdq_steps, 2) if bdq_steps and dqn_steps else None
         section["dqn_steps_over_bdq_steps"] = ratios
         report[space] = section
-    report["total_seconds"] = round(time.perf_counter() - t0, 1)
-    report["machine_after"] = autoscaling_machine()
-    write_json(args.output, report, indent=2)
+    report["total_seconds"] = clock.seconds(1)
+    bench.write(report)
     print(json.dumps(report, indent=2))
 
 

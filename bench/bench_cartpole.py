@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,10 +39,12 @@ from common import (
     REPO,
     RESULT_PREFIX,
     RESULTS,
+    Bench,
     SolveClock,
+    Stopwatch,
     emit,
     load_average,
-    machine,
+    read_result,
     stats,
     write_json,
 )
@@ -162,7 +163,7 @@ def run_cli(seed: int, workers: int | None) -> dict[str, Any]:
         if workers:
             cmd += ["--workers", str(workers)]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise SystemExit(f"kuberl train failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -290,8 +291,7 @@ def ratios(summary: dict[str, dict[str, Any]], runs_by: dict[str, list[dict[str,
     return out
 
 
-def arguments() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--one", choices=["kuberl-ppo", "kuberl-dqn", "kuberl-cli"],
                    help="one KubeRL run in this process (kuberl-cli: the `kuberl train` command, timed)")
     p.add_argument("--workers", type=int, default=None)
@@ -307,18 +307,17 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--only", nargs="+", help="contenders to run (default: all)")
     p.add_argument("--smoke", action="store_true", help="tiny budgets; writes bench/.cache/cartpole-smoke.json")
-    p.add_argument("--output", type=Path, default=None)
     p.add_argument("--resummarize", action="store_true", help="recompute summary/ratios of --output; no runs")
-    return p.parse_args()
 
 
 def resummarize(output: Path) -> None:
     """Recompute summary and ratios of an existing results file (no runs)."""
-    result = json.loads(output.read_text())
-    result["summary"] = {name: summarize(runs) for name, runs in result["runs"].items()}
-    result["ratios_time_to_solve"] = ratios(result["summary"], result["runs"])
-    write_json(output, result)
-    print(json.dumps({"summary": result["summary"], "ratios": result["ratios_time_to_solve"]}, indent=1))
+    record = read_result(output)
+    runs = record["results"]["runs"]
+    record["summary"] = {name: summarize(r) for name, r in runs.items()}
+    record["results"]["ratios_time_to_solve"] = ratios(record["summary"], runs)
+    write_json(output, record)
+    print(json.dumps({"summary": record["summary"], "ratios": record["results"]["ratios_time_to_solve"]}, indent=1))
 
 
 def protocol_record(budget_steps: int, budget_seconds: float) -> dict[str, Any]:
@@ -336,12 +335,11 @@ def protocol_record(budget_steps: int, budget_seconds: float) -> dict[str, Any]:
                              "checkpoint and report written), timed by its wrapper"}
 
 
-def drive(args: argparse.Namespace) -> None:
+def drive(bench: Bench) -> None:
     """Every chosen contender, every seed, each run a fresh process; merged into the results file."""
+    args = bench.args
     if args.smoke:
         args.budget_steps, args.budget_seconds, args.hold_seconds = 6_000, 30.0, 60.0
-    default_output = BENCH / ".cache" / "cartpole-smoke.json" if args.smoke else RESULTS / "cartpole.json"
-    output = args.output or default_output
     table = contenders(args.budget_steps, args.budget_seconds, args.hold_seconds, args.smoke)
     names = args.only or list(table)
     unknown = set(names) - set(table)
@@ -356,10 +354,8 @@ def drive(args: argparse.Namespace) -> None:
     # faster without them, so every contender runs without them (the same for all).
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    previous = json.loads(output.read_text()) if output.exists() else {}
-    runs_by = previous.get("runs", {})
-    load_before = load_average()
-    t_all = time.perf_counter()
+    runs_by = bench.previous().get("runs", {})
+    clock = Stopwatch()
     fresh: dict[str, list] = {n: [] for n in names}
     for seed in args.seeds:  # seed-major: load drift on this shared machine spreads over all contenders
         for name in names:
@@ -368,36 +364,33 @@ def drive(args: argparse.Namespace) -> None:
     for name in names:
         runs_by[name] = fresh[name]
     summary = {name: summarize(runs) for name, runs in runs_by.items()}
-    result = {
-        "benchmark": "time-to-solve CartPole-v1",
+    results = {
         "protocol": protocol_record(args.budget_steps, args.budget_seconds),
-        "machine": machine(loadavg_before_last_invocation=load_before,
-                           loadavg_after_last_invocation=load_average(),
-                           note="shared 2-core machine: other agents' jobs ran concurrently; each run records "
-                                "loadavg_start and loadavg_end"),
-        "last_invocation": {"argv": sys.argv[1:], "contenders": names, "seeds": args.seeds,
-                            "wall_seconds": round(time.perf_counter() - t_all, 1),
-                            "finished": time.strftime("%Y-%m-%d %H:%M:%S")},
-        "summary": summary,
+        "machine_notes": {"note": "shared 2-core machine: other agents' jobs ran concurrently; each run records "
+                                  "loadavg_start and loadavg_end"},
+        "last_invocation": {"contenders": names, "seeds": args.seeds, "wall_seconds": clock.seconds(1)},
         "ratios_time_to_solve": ratios(summary, runs_by),
         "runs": runs_by,
     }
-    write_json(output, result)
-    print(json.dumps({"summary": summary, "ratios": result["ratios_time_to_solve"]}, indent=1))
-    print(f"wrote {output}")
+    bench.write(results, summary)
+    print(json.dumps({"summary": summary, "ratios": results["ratios_time_to_solve"]}, indent=1))
 
 
 def main() -> None:
-    args = arguments()
+    bench = Bench(__doc__, None, arguments, output_help="the result file (default: bench/results/cartpole.json; "
+                                                         "with --smoke, bench/.cache/cartpole-smoke.json)")
+    args = bench.args
+    if bench.output is None:
+        bench.output = BENCH / ".cache" / "cartpole-smoke.json" if args.smoke else RESULTS / "cartpole.json"
     if args.resummarize:
-        resummarize(args.output or RESULTS / "cartpole.json")
+        resummarize(bench.output)
     elif args.one == "kuberl-cli":
         emit(run_cli(args.seed, args.workers))
     elif args.one:
         emit(run_kuberl(args.one.split("-")[1], args.workers or 1, args.seed, args.budget_steps,
                         args.budget_seconds, args.hold, args.curve_every, args.recheck_steps, args.set or []))
     else:
-        drive(args)
+        drive(bench)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, RESULTS, load_average, write_json
+from common import REPO, RESULTS, Bench, load_average
 
-RESULT_FILE = RESULTS / "ci.json"
 PHASES = re.compile(r"scripts/test: phase times: (.*); whole run: (\d+) s \(exit (\d+)\)")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", re.MULTILINE)
 
@@ -57,13 +56,15 @@ def make_cold() -> list[str]:
     return removed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold", action="store_true")
     parser.add_argument("--log", type=Path, help="parse this .ci/run output instead of running it")
     parser.add_argument("--label", help="the result's label (default: cold or warm)")
-    parser.add_argument("--out", type=Path, default=RESULT_FILE)
-    args = parser.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "ci.json", arguments)
+    args = bench.args
     label = args.label or ("cold" if args.cold else "warm")
     entry: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
                    "load_average_before": load_average()}
@@ -91,14 +92,9 @@ def main() -> None:
             entry["disk_gb_added"] = round((shutil.disk_usage("/").used - used_before) / 1e9, 1)
     entry.update(parse(text))
     entry["load_average_after"] = load_average()
-    result = {}
-    if args.out.exists():
-        import json
-
-        result = json.loads(args.out.read_text())
-    result.setdefault("bench", "bench/bench_ci.py")
-    result.setdefault("runs", {})[label] = entry
-    write_json(args.out, result)
+    results = bench.previous()
+    results.setdefault("runs", {})[label] = entry
+    bench.write(results)
     print(entry)
 
 

@@ -12,7 +12,7 @@ trainer image, the operator's pod from the chart):
   learner's own wall-clock), evaluation + report + exit;
 
 and, interleaved with the cluster runs (load hits both alike), the whole `kuberl train` command.
-Target (issue 8): the cluster run takes at most 1.5x the local run's wall-clock time.
+Target: the cluster run takes at most 1.5x the local run's wall-clock time.
 
     .venv/bin/python bench/bench_cluster.py --runs 3      # -> bench/results/cluster.json
 """
@@ -30,7 +30,7 @@ import time
 import urllib.request
 
 import yaml
-from common import EXAMPLES, REPO, RESULTS, from_tests, load_average, machine, write_json
+from common import EXAMPLES, REPO, RESULTS, Bench, from_tests
 
 NS = "bench"
 JOB_FILE = EXAMPLES / "cartpole-ppo.yaml"
@@ -143,11 +143,13 @@ def local_run() -> dict:
     return {"whole_command": round(whole, 3), "summary": summary}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", default=str(RESULTS / "cluster.json"))
-    args = parser.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "cluster.json", arguments)
+    args = bench.args
     cluster_bed = from_tests("bed.cluster_bed")
     build = cluster_bed.ensure_images()
     cluster_runs, local_runs = [], []
@@ -168,8 +170,6 @@ def main() -> None:
     local_whole = med([r["whole_command"] for r in local_runs])
     result = {
         "job": str(JOB_FILE.relative_to(REPO)),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(load_average_after=load_average()),
         "images": {"ensure_images_seconds": round(build["seconds"], 1), "note": "base from Debian (Python 3.11.2)"},
         "bed_start_seconds": bed_timings,
         "median": {
@@ -189,7 +189,7 @@ def main() -> None:
         "local_runs": local_runs,
     }
     result["target_met"] = result["median"]["cluster_over_local"] <= 1.5
-    write_json(args.out, result)
+    bench.write(result)
     print(json.dumps(result["median"], indent=1))
 
 

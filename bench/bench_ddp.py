@@ -32,7 +32,7 @@ import os
 import time
 from typing import Any
 
-from common import RESULTS, load_average, machine, write_json
+from common import EXAMPLES, RESULTS, Bench
 
 
 def _job(name: str, replicas: int, hidden: int) -> Any:
@@ -107,16 +107,15 @@ def measure(name: str, replicas: int, hidden: int, threads: int, seconds: float)
             "samples_per_update": per_update, "learner_samples_per_second": round(updates * per_update / elapsed)}
 
 
-def targets(output: str) -> None:
+def targets(bench: Bench) -> None:
     import json
     import tempfile
 
     import yaml
-    from common import EXAMPLES
     from kuberl.api.load import parse_job
     from kuberl.trainer.run import TrainOptions, train
 
-    out: dict[str, Any] = {"machine": machine(load_before=load_average())}
+    out: dict[str, Any] = {}
     ppo = yaml.safe_load((EXAMPLES / "cartpole-ppo.yaml").read_text())
     ppo["spec"]["stopping"] = {"targetReturn": 195, "returnWindow": 100, "maxEnvSteps": 150_000}
     ppo["spec"]["evaluation"] = {"episodes": 20}
@@ -132,26 +131,28 @@ def targets(output: str) -> None:
                      "mean_training_return": round(r.mean_return, 1) if r.mean_return is not None else None,
                      **{f"evaluation_{k}": round(v["mean_return"], 1) for k, v in ev.items() if "mean_return" in v}}
         print(name, json.dumps(out[name]), flush=True)
-    out["machine"]["load_after"] = load_average()
-    write_json(output, out)
+    bench.write(out)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cores for all learners together")
     parser.add_argument("--repeats", type=int, default=2, help="each configuration's runs (the best is kept)")
     parser.add_argument("--only", type=int, choices=[1, 2], default=None)
     parser.add_argument("--targets", action="store_true", help="the examples' targets with 2 learners instead")
-    parser.add_argument("--output", default=None)
-    args = parser.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, None, arguments, output_help="the result file (default: bench/results/ddp_learners.json; "
+                                                         "with --targets, bench/results/ddp_targets.json)")
+    args = bench.args
+    if bench.output is None:
+        bench.output = RESULTS / ("ddp_targets.json" if args.targets else "ddp_learners.json")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if args.targets:
-        targets(args.output or str(RESULTS / "ddp_targets.json"))
+        targets(bench)
         return
-    args.output = args.output or str(RESULTS / "ddp_learners.json")
-    load_before = load_average()
     configs = [(1, 1), (1, args.threads), (2, max(1, args.threads // 2))]
     if args.only:
         configs = [c for c in configs if c[0] == args.only]
@@ -176,11 +177,10 @@ def main() -> None:
                 "updates_per_second": round(two["updates_per_second"] / best_one["updates_per_second"], 2),
                 "learner_samples_per_second": round(two["learner_samples_per_second"]
                                                     / best_one["learner_samples_per_second"], 2)}
-    result = {"machine": machine(load_before=load_before, load_after=load_average()),
-              "network": f"MLP 4 -> {args.hidden} -> {args.hidden} -> heads (CartPole spaces), float32, CPU",
+    result = {"network": f"MLP 4 -> {args.hidden} -> {args.hidden} -> heads (CartPole spaces), float32, CPU",
               "gpu": "none lent to this task: the GPU learner, NCCL and the on-device replay were not measured",
               "rows": rows, "speedup_2_over_best_1": speedup}
-    write_json(args.output, result)
+    bench.write(result)
     print(result["speedup_2_over_best_1"])
 
 

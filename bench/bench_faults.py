@@ -10,28 +10,28 @@ names a file. A fault whose test fails has no row; the test's output says why.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
-from common import REPO, RESULTS, write_json
+from common import REPO, RESULTS, Bench, Stopwatch
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", type=Path, default=RESULTS / "faults.json")
-    out = parser.parse_args().output.resolve()
-    started = time.monotonic()
-    env = {**os.environ, "KUBERL_FAULTS_RESULTS": str(out)}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             str(REPO / "tests" / "test_e2e_faults.py")], cwd=REPO, env=env, check=False)
-    data = json.loads(out.read_text())
-    data["module_seconds"] = round(time.monotonic() - started, 1)
-    write_json(out, data)
+    bench = Bench(__doc__, RESULTS / "faults.json")
+    clock = Stopwatch()
+    with tempfile.TemporaryDirectory(prefix="kuberl-faults-") as tmp:
+        rows = Path(tmp) / "faults.json"
+        env = {**os.environ, "KUBERL_FAULTS_RESULTS": str(rows)}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 str(REPO / "tests" / "test_e2e_faults.py")], cwd=REPO, env=env, check=False)
+        if not rows.exists():
+            raise SystemExit(f"tests/test_e2e_faults.py wrote no rows (pytest exit {result.returncode})")
+        data = json.loads(rows.read_text())
+    bench.write({"job": data["job"], "faults": data["faults"], "module_seconds": clock.seconds(1)})
     print(f"\n{'fault':<78} {'recovered':>9} {'s to recover':>12} {'steps lost':>10} {'orphans':>7}")
     for row in data["faults"]:
         print(f"{row['fault']:<78} {'yes' if row['recovered'] else 'NO':>9} {row['seconds_to_recover']:>12} "

@@ -21,7 +21,7 @@ import re
 import subprocess
 import time
 
-from common import REPO, RESULTS, load_average, write_json
+from common import REPO, RESULTS, Bench
 
 IMAGES = {"operator": "ghcr.io/kuberl/kuberl-operator:0.1.0", "trainer": "ghcr.io/kuberl/kuberl-trainer:0.1.0",
           "base": "docker.io/library/python:3.11.13-slim-bookworm"}
@@ -60,12 +60,13 @@ def smoke(name: str, image: str) -> list[dict]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log", help="parse this build-images output instead of building")
-    parser.add_argument("--out", default=str(RESULTS / "image_build.json"))
-    args = parser.parse_args()
-    load_before = load_average()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "image_build.json", arguments)
+    args = bench.args
     if args.log:
         text = pathlib.Path(args.log).read_text()
         real = re.search(r"real\s+(\d+)m([\d.]+)s", text)  # `time` around the command, if it was used
@@ -84,18 +85,13 @@ def main() -> None:
         seconds["base"] = int(base[1])
     sizes = {name: int(podman("image", "inspect", "--format", "{{.Size}}", image)) for name, image in IMAGES.items()}
     result = {
-        "command": " ".join(COMMAND),
-        "bench": "bench/bench_image_build.py",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "build_command": " ".join(COMMAND),
         "engine": podman("--version"),
         "build_seconds": seconds,
         "whole_command_seconds": whole,
         "size_bytes": sizes,
         "size_mb": {name: round(size / 1e6, 1) for name, size in sizes.items()},
         "engine_log_lines": [line for line in text.splitlines() if line.startswith("build-images:")],
-        "load_average_before": load_before,
-        "load_average_after": load_average(),
-        "cpus": os.cpu_count(),
         "smoke_runs": {name: smoke(name, image) for name, image in IMAGES.items()},
         "smoke_run_flags": " ".join(SAFE),
         "notes": [
@@ -109,7 +105,7 @@ def main() -> None:
             "2 cores shared with other agents' test and bench runs during the build (see the load averages)",
         ],
     }
-    write_json(args.out, result)
+    bench.write(result)
     print(json.dumps(result, indent=1))
 
 

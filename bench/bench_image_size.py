@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import shlex
 import shutil
@@ -25,10 +24,9 @@ import time
 import venv
 from pathlib import Path
 
-from common import BENCH, REPO, RESULTS, write_json
+from common import BENCH, REPO, RESULTS, Bench
 
 VENVS = BENCH / ".venvs"
-RESULT_FILE = RESULTS / "image_size.json"
 IMAGES = {"operator": "Dockerfile.operator", "trainer": "Dockerfile.trainer"}
 OPERATOR_TARGET_MB = 150
 MB = 1_000_000
@@ -127,25 +125,23 @@ def build(image: str, overrides: dict[str, str], also: list[str]) -> dict:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", nargs="*", default=list(IMAGES), choices=list(IMAGES))
     parser.add_argument("--also", action="append", default=[], metavar="REQ",
                         help="what-if: add this requirement to the project install (e.g. 'kubernetes<36'); "
                              "recorded as '<image> with REQ'")
     parser.add_argument("--torch-index-url", default=None,
                         help="override the trainer Dockerfile's TORCH_INDEX_URL ('' = pip's configured index)")
-    args = parser.parse_args()
+
+
+def main() -> int:
+    bench = Bench(__doc__, RESULTS / "image_size.json", arguments)
+    args = bench.args
     overrides = {} if args.torch_index_url is None else {"TORCH_INDEX_URL": args.torch_index_url}
 
-    results = json.loads(RESULT_FILE.read_text()) if RESULT_FILE.exists() else {}
-    results.update({
-        "python": platform.python_version(),
-        "platform": f"{platform.system()} {platform.machine()}",
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "note": "Installed size of a venv with exactly each image's pip installs (apparent bytes, MB = 10^6). "
-                "The python slim base image is not included.",
-    })
+    results = bench.previous()  # images measured by earlier runs stay
+    results["note"] = ("Installed size of a venv with exactly each image's pip installs (apparent bytes, "
+                       "MB = 10^6). The python slim base image is not included.")
     results.setdefault("images", {})
     for image in args.images:
         report = build(image, overrides, args.also)
@@ -160,7 +156,7 @@ def main() -> int:
         results["images"][label] = report
         top = ", ".join(f"{p['name']} {p['mb']} MB" for p in report["largest"][:4])
         print(f"{label}: {report['venv_mb']} MB in {report['files']} files; largest: {top}")
-    write_json(RESULT_FILE, results, indent=2)
+    bench.write(results)
     return 0
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import kmock
 import kubernetes
-from common import RESULTS, example_job, free_port, from_tests, machine, write_json
+from common import RESULTS, Bench, example_job, free_port, from_tests
 
 NS = "bench"
 NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
@@ -224,15 +224,16 @@ def burst(bench: _Bench, jobs: int, workers: int) -> dict:
     return results
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=15, help="jobs per k, created one after another")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 12])
     parser.add_argument("--burst", type=int, default=50, help="jobs created at once")
     parser.add_argument("--burst-workers", type=int, default=4)
-    parser.add_argument("--output", default=str(RESULTS / "operator.json"))
-    args = parser.parse_args()
 
+
+def main() -> int:
+    bench = Bench(__doc__, RESULTS / "operator.json", arguments)
+    args = bench.args
     k8s = from_tests("bed.k8s_emulator")
     emulator = k8s.KubernetesApiEmulator(
         crds=k8s.load_crds(), namespaces=["default", NS],
@@ -241,17 +242,14 @@ def main() -> int:
             shortnames={"netpol"}, categories=set(), subresources=set())})
     with (tempfile.TemporaryDirectory() as tmp,
           k8s.EmulatedCluster(emulator, Path(tmp), namespace=NS) as cluster):
-        bench = _Bench(cluster, Path(tmp))
-        results = one_at_a_time(bench, args.workers, args.jobs)
-        results.update(burst(bench, args.burst, args.burst_workers))
-        bench.clock.stop = True
+        bed = _Bench(cluster, Path(tmp))
+        results = one_at_a_time(bed, args.workers, args.jobs)
+        results.update(burst(bed, args.burst, args.burst_workers))
+        bed.clock.stop = True
     results["targets"] = {"k=12 p50 <= 0.5 s": results["sequential"].get("k=12", {}).get("p50_s", 1e9) <= 0.5,
                           "RSS <= 150 MB": results["operator_rss_after_burst_mb"] <= 150}
-    results["command"] = " ".join(["python bench/bench_operator.py", *sys.argv[1:]])
-    results["machine"] = machine(
-        note="emulator (this process) and operator (subprocess) share the machine's cores")
-    write_json(args.output, results, indent=2)
-    print(f"wrote {args.output}")
+    results["machine_notes"] = {"note": "emulator (this process) and operator (subprocess) share the machine's cores"}
+    bench.write(results)
     return 0
 
 

@@ -14,7 +14,6 @@ held it up; the target is under 100 ms), and its peak RSS (VmHWM) against the ch
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import kmock
 from bench_operator import NETWORK_POLICIES, NS, _Bench, pod_names, rss_mb, running_operator
-from common import RESULTS, free_port, from_tests, load_average, machine, stats, write_json
+from common import RESULTS, Bench, free_port, from_tests, load_average, stats
 from prometheus_client.parser import text_string_to_metric_families
 
 TEMPLATE_BYTES = 32_000
@@ -97,10 +96,9 @@ def measure(bench: _Bench, metrics_port: int, body: dict, workers: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--output", default=str(RESULTS / "operator_large_job.json"))
-    args = parser.parse_args()
+    bench_run = Bench(__doc__, RESULTS / "operator_large_job.json",
+                      lambda parser: parser.add_argument("--repeats", type=int, default=3))
+    args = bench_run.args
 
     import yaml
 
@@ -132,7 +130,6 @@ def main() -> int:
                       "max_lag_at_most_s": max((r["max_lag_at_most_s"] for r in rs), key=lambda le: float(le))}
                for name, rs in runs.items()}
     results = {
-        "what": __doc__.split("\n\n")[1].replace("\n", " "),
         "largest_job": {"spec_bytes": len(json.dumps(largest(base, "x")["spec"])),
                         "template_bytes": TEMPLATE_BYTES, "workers": LARGE_WORKERS,
                         "pods": LARGE_WORKERS + 2},
@@ -142,11 +139,13 @@ def main() -> int:
         "targets": {"no event-loop tick later than 100 ms": all(s["ticks_over_100ms"] == 0 for s in summary.values()),
                     "peak RSS under the 256 MiB limit": memory["VmHWM"] < OPERATOR_MEMORY_LIMIT_MB},
         "runs": runs,
-        "command": " ".join(["python bench/bench_operator_large_job.py", *sys.argv[1:]]),
-        "machine": machine(note="emulator (this process) and operator (subprocess) share the machine's cores"),
+        "machine_notes": "emulator (this process) and operator (subprocess) share the machine's cores",
     }
-    write_json(args.output, results, indent=2)
-    print(f"wrote {args.output}: {summary} peak RSS {results['operator_rss_peak_mb']} MB")
+    previous = bench_run.previous()
+    if "before" in previous:  # the older operator's run, kept beside this one (see its "what")
+        results["before"] = previous["before"]
+    bench_run.write(results, summary)
+    print(f"{summary} peak RSS {results['operator_rss_peak_mb']} MB")
     return 0
 
 

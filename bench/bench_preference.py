@@ -9,7 +9,7 @@ same seeds for both contenders:
                utilisation, no reward shaping); optionally a third contender with `--shaping BETA`.
 Each trained policy is scored greedily on the benchmark's 20 evaluation traces (seeds 10000-10019):
 mean return, SLO-violation steps and dropped requests (high and low priority) per episode, and the
-preference head's last held-out accuracy. Target (issue 18): fewer SLO violations on >= 4 of 6
+preference head's last held-out accuracy. Target: fewer SLO violations on >= 4 of 6
 patterns at no more than 2% lower return.
 
     nice .venv/bin/python bench/bench_preference.py [--budget 20000] [--seeds 3] \
@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 from common import (
     RESULTS,
+    Bench,
     autoscaling_eval_seeds,
     autoscaling_job,
-    autoscaling_machine,
     example_job,
+    read_result,
     write_json,
 )
 
@@ -113,12 +114,12 @@ def summarise(runs: dict[str, dict[str, list[dict]]], contenders: list[str]) -> 
     return {"patterns": table, "patterns_target_met": wins}
 
 
-def markdown(result: dict[str, Any]) -> str:
+def markdown(summary: dict[str, Any]) -> str:
     """The summary as the README's table: per pattern, each contender's mean over seeds."""
     lines = [("| pattern | seeds | return: bdq / +pref | change | SLO-violation steps: bdq / +pref "
              "| dropped requests: bdq / +pref | wall s: bdq / +pref | target met |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for pattern, row in result["summary"]["patterns"].items():
+    for pattern, row in summary["patterns"].items():
         if "bdq" not in row or "bdq+pref" not in row:
             continue
         a, b = row["bdq"], row["bdq+pref"]
@@ -127,28 +128,29 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{b['slo_violation_steps']:.2f} | {a['dropped_requests']:.0f} / {b['dropped_requests']:.0f} "
                      f"| {a['seconds']:.0f} / {b['seconds']:.0f} | {'yes' if row['target_met'] else 'no'} |")
     lines.append(f"\nTarget (fewer SLO violations at no more than 2% lower return) met on "
-                 f"{result['summary']['patterns_target_met']} of {len(result['summary']['patterns'])} patterns.")
+                 f"{summary['patterns_target_met']} of {len(summary['patterns'])} patterns.")
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=int, default=20_000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--patterns", nargs="*", default=list(PATTERNS))
     parser.add_argument("--shaping", type=float, default=None, help="also run bdq+pref with rewardShaping BETA")
-    parser.add_argument("--output", type=Path, default=RESULTS / "preference_head.json")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kuberl-bench-preference"))
     parser.add_argument("--table", action="store_true", help="print --output's table (markdown) and exit")
-    args = parser.parse_args()
-    if args.table:
-        import json
 
-        result = json.loads(args.output.read_text())  # the summary recomputed from its runs
-        contenders = list(dict.fromkeys(name for by_name in result["runs"].values() for name in by_name))
-        result["summary"] = summarise(result["runs"], contenders)
-        write_json(args.output, result)
-        print(markdown(result))
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "preference_head.json", arguments)
+    args = bench.args
+    if args.table:
+        record = read_result(bench.output)  # the summary recomputed from its runs
+        runs = record["results"]["runs"]
+        contenders = list(dict.fromkeys(name for by_name in runs.values() for name in by_name))
+        record["summary"] = summarise(runs, contenders)
+        write_json(bench.output, record)
+        print(markdown(record["summary"]))
         return
 
     from kuberl.trainer.workers import start_ray
@@ -160,9 +162,9 @@ def main() -> None:
     if args.shaping is not None:
         contenders["bdq+pref+shaping"] = {**example, "rewardShaping": args.shaping}
     runs: dict[str, dict[str, list[dict]]] = {}
-    record = {"machine": autoscaling_machine(), "budget_env_steps": args.budget, "seeds": args.seeds,
-              "job": "examples/autoscaling-bdq.yaml, sync collection, 1 worker x 8 envs, no evaluation in train()",
-              "eval_seeds": "10000-10019 (20 episodes of 200 steps)"}
+    results = {"budget_env_steps": args.budget, "seeds": args.seeds,
+               "job": "examples/autoscaling-bdq.yaml, sync collection, 1 worker x 8 envs, no evaluation in train()",
+               "eval_seeds": "10000-10019 (20 episodes of 200 steps)", "runs": runs}
     for seed in range(args.seeds):  # seed-major: a cut-short run still covers every pattern
         for pattern in args.patterns:
             for name, preference in contenders.items():
@@ -170,10 +172,8 @@ def main() -> None:
                               args.work / f"{pattern}-{name}-{seed}")
                 runs.setdefault(pattern, {}).setdefault(name, []).append({"seed": seed, **out})
                 print(f"{pattern} {name} seed {seed}: {out}", flush=True)
-                write_json(args.output, {**record, "summary": summarise(runs, list(contenders)), "runs": runs})
-    result = {**record, "summary": summarise(runs, list(contenders)), "runs": runs}
-    print(write_json(args.output, result))
-    print(markdown(result))
+                bench.write(results, summarise(runs, list(contenders)))
+    print(markdown(summarise(runs, list(contenders))))
 
 
 if __name__ == "__main__":

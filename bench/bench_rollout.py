@@ -9,9 +9,9 @@ Measures, on CartPole-v1 (env steps/s = vector steps x envs):
    `sample_onpolicy` with a PPO policy (the example job's network) and `sample_offpolicy` with a DQN
    one (n-step transitions), weights passed as numpy arrays each call;
 1b. numpy-batched CartPole with `--big-envs` envs (1,024), same core: raw SyncVectorEnv, raw
-   KubeRL batched CartPole (envs/batched.py, what a worker now steps), raw gymnasium CartPoleVectorEnv
-   (vector_entry_point), and a RolloutWorker (PPO, 16 steps per call) on the batched env;
-   (since the batched env, steps 2-4 step KubeRL's batched CartPole, step 1 SyncVectorEnv);
+   KubeRL batched CartPole (envs/batched.py, what a worker steps), raw gymnasium CartPoleVectorEnv
+   (vector_entry_point), and a RolloutWorker (PPO, 16 steps per call) on the batched env
+   (steps 2-4 step KubeRL's batched CartPole, step 1 SyncVectorEnv);
 3. worker, Ray actor: the same worker as a Ray actor (pinned to one core), the driver publishing new
    weights with ray.put before every call (a new version each time, so each call loads them) and
    getting the batch back: what one worker delivers to the learner;
@@ -32,10 +32,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 # One BLAS/OpenMP thread, as Ray gives a num_cpus=1 actor (OMP_NUM_THREADS=1): a pinned process whose
@@ -45,7 +43,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import gymnasium as gym
 import numpy as np
-from common import EXAMPLES, RESULTS, interleaved_rates, load_average, machine, write_json
+from common import EXAMPLES, RESULTS, Bench, Stopwatch, interleaved_rates
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -229,18 +227,19 @@ def ratios(single: dict, batched: dict, big: int, actor: dict, collection: dict,
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--envs", type=int, default=64)
     p.add_argument("--steps", type=int, default=64, help="steps per env per sample call")
     p.add_argument("--seconds", type=float, default=3.0, help="per measurement turn")
     p.add_argument("--repeats", type=int, default=3, help="rounds of turns (median)")
     p.add_argument("--big-envs", type=int, default=1024, help="envs per worker for the batched-env comparison")
-    p.add_argument("--output", type=Path, default=RESULTS / "rollout.json")
-    args = p.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "rollout.json", arguments)
+    args = bench.args
     core = CORES[-1]
-    load_before = load_average()
-    t_all = time.perf_counter()
+    clock = Stopwatch()
     n, steps, sec, rep = args.envs, args.steps, args.seconds, args.repeats
 
     print(f"1-2. raw SyncVectorEnv vs RolloutWorker in-process, {n} envs, pinned to core {core} ...", flush=True)
@@ -292,12 +291,10 @@ def main() -> None:
     ray.shutdown()
 
     result = {
-        "benchmark": "rollout throughput, CartPole-v1",
-        "machine": machine(cores_available=CORES, numpy=np.__version__, gymnasium=gym.__version__,
-                           OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE"),
-                           OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"),
-                           loadavg_before=load_before, loadavg_after=load_average(),
-                           note="shared 2-core machine: other agents' jobs ran concurrently"),
+        "machine_notes": {"cores_available": CORES, "numpy": np.__version__, "gymnasium": gym.__version__,
+                          "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+                          "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+                          "note": "shared 2-core machine: other agents' jobs ran concurrently"},
         "config": {"envs": n, "steps_per_call": steps, "seconds_per_turn": sec, "rounds": rep, "pinned_core": core},
         "ray_start_seconds": round(ray_seconds, 3),
         "single_core": single,
@@ -307,12 +304,10 @@ def main() -> None:
         "machine_ceiling_two_processes": ceiling,
         "ratios": ratios(single, batched, big, actor, collection, ceiling),
         "targets": {"one_worker_at_least_half_of_raw": 0.5, "k2_over_k1_at_least": 1.6},
-        "wall_seconds": round(time.perf_counter() - t_all, 1),
-        "argv": sys.argv[1:],
+        "wall_seconds": clock.seconds(1),
     }
-    write_json(args.output, result)
+    bench.write(result)
     print(json.dumps(result["ratios"], indent=1))
-    print(f"wrote {args.output}")
 
 
 if __name__ == "__main__":

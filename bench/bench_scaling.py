@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import RESULTS, free_port, load_average, machine, write_json
+from common import RESULTS, Bench, free_port, load_average
 
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
 ENV_ID = "kuberl.trainer.envs.latency:LatencyEnv"
@@ -37,7 +37,6 @@ ENV_ID = "kuberl.trainer.envs.latency:LatencyEnv"
 
 def _weights(info) -> dict[str, np.ndarray]:
     import torch
-
     from kuberl.trainer.networks import ActorCritic, numpy_params
 
     torch.manual_seed(0)
@@ -47,7 +46,6 @@ def _weights(info) -> dict[str, np.ndarray]:
 def measure(k_values: list[int], envs: int, steps: int, rounds: int, step_seconds: float,
             cluster: bool) -> list[dict[str, Any]]:
     import ray
-
     from kuberl.trainer.rollout import make_env
     from kuberl.trainer.spaces import space_info
     from kuberl.trainer.workers import WorkerSet
@@ -96,7 +94,6 @@ def measure(k_values: list[int], envs: int, steps: int, rounds: int, step_second
 
 def run_local(a) -> list[dict[str, Any]]:
     import ray
-
     from kuberl.trainer.workers import start_ray
 
     start_ray(None, max(a.k))
@@ -109,7 +106,6 @@ def run_local(a) -> list[dict[str, Any]]:
 def run_cluster(a) -> list[dict[str, Any]]:
     """A head (no CPU, no rollout slot) and two worker nodes with max(k)/2 slots each, all `ray start`."""
     import ray
-
     from kuberl.trainer.workers import start_ray
 
     port = free_port()
@@ -157,17 +153,18 @@ def run_cluster(a) -> list[dict[str, Any]]:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--envs", type=int, default=8, help="envs per worker")
     p.add_argument("--steps", type=int, default=32, help="steps per env per round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--step-seconds", type=float, default=0.02, help="the simulator's wait per batch step")
     p.add_argument("--modes", nargs="+", default=["local", "cluster"], choices=["local", "cluster"])
-    p.add_argument("--output", type=Path, default=RESULTS / "scaling.json")
-    a = p.parse_args()
-    load_before = load_average()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "scaling.json", arguments)
+    a = bench.args
     results: dict[str, Any] = {}
     for mode in a.modes:
         print(f"{mode}:", flush=True)
@@ -177,21 +174,16 @@ def main() -> None:
     for t in target.values():
         t["target"] = 0.85
         t["met"] = None if t["k16_efficiency"] is None else t["k16_efficiency"] >= 0.85
-    out = {
-        "benchmark": "rollout collection throughput vs worker count, simulator-latency env",
+    bench.write({
         "env": {"id": ENV_ID, "step_seconds": a.step_seconds, "envs_per_worker": a.envs,
                 "batched": "LatencyBatch: one wait per batch step",
                 "ideal_per_worker_steps_per_second": a.envs / a.step_seconds},
         "round": {"steps_per_env": a.steps, "rounds": a.rounds, "warmup_rounds": 1},
         "efficiency": "throughput(k) / (k x throughput(1)); vs_ideal: throughput(k) / (k x envs / step_seconds)",
-        "machine": machine(loadavg_before=load_before, loadavg_after=load_average(),
-                           note="shared 2-core machine: the load averages say how busy it was"),
-        "argv": sys.argv[1:], "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "results": results, "target_k16": target,
-    }
-    write_json(a.output, out)
+        "machine_notes": {"note": "shared 2-core machine: the load averages say how busy it was"},
+        "modes": results, "target_k16": target,
+    })
     print(json.dumps(target, indent=1))
-    print(f"wrote {a.output}")
 
 
 if __name__ == "__main__":

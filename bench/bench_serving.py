@@ -40,7 +40,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np
-from common import EXAMPLES, REPO, RESULTS, free_port, load_average, machine, write_json
+from common import EXAMPLES, REPO, RESULTS, Bench, free_port, load_average
 
 KUBERL = REPO / ".venv" / "bin" / "kuberl"
 RAY_PYTHON = "/work/bench-venvs/rayserve/bin/python"
@@ -230,23 +230,21 @@ def make_artifacts(run_dirs: dict[str, Path], work: Path, names: list[str]) -> d
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", action="append", default=[], metavar="POLICY=DIR",
                         help="use a trained run for a policy (cartpole=..., autoscaling=...)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run (after a 2 s warm-up)")
     parser.add_argument("--ray-python", default=RAY_PYTHON, help="python of the Ray Serve virtualenv ('' to skip)")
-    parser.add_argument("--output", default=str(RESULTS / "serving.json"))
-    args = parser.parse_args()
+
+
+def main() -> int:
+    bench = Bench(__doc__, RESULTS / "serving.json", arguments)
+    args = bench.args
     run_dirs = {k: Path(v) for k, v in (item.split("=", 1) for item in args.run_dir)}
     work = Path(tempfile.mkdtemp(prefix="kuberl-serving-bench-"))
     policies = make_artifacts(run_dirs, work, args.policies)
-    results: dict[str, Any] = {
-        "machine": machine(loadavg_start=load_average()),
-        "command": "bench/bench_serving.py " + " ".join(sys.argv[1:]),
-        "policies": {}, "forward_pass": {},
-    }
+    results: dict[str, Any] = {"policies": {}, "forward_pass": {}}
     for name, info in policies.items():
         print(f"[{time.strftime('%H:%M:%S')}] {name}: forward-pass timings (load {load_average()[0]})", flush=True)
         results["forward_pass"][name] = forward_timings(info["artifact"], Path(info["run_dir"]), OBSERVATIONS[name])
@@ -280,9 +278,8 @@ def main() -> int:
                 print(f"  {name} ray-serve  {clients:>2} clients: {servers['ray-serve'][-1]}", flush=True)
         finally:
             stop(proc, group=True)
-    results["machine"]["loadavg_end"] = load_average()
     results["targets"] = targets(results)
-    write_json(args.output, results, indent=2)
+    bench.write(results)
     print(json.dumps(results["targets"], indent=2))
     return 0
 

@@ -6,7 +6,7 @@ whole `kuberl train examples/cartpole-ppo.yaml` command before and after (runs a
 
 DIR: a tree of the commit before the event files (`git archive <commit> | tar -x -C DIR`); its
 operator/ and trainer/ go first on PYTHONPATH for the "before" runs, this tree's for the "after" runs,
-with the same venv. Writes bench/results/tensorboard.json.
+with the same venv. Writes bench/results/tensorboard.json (--output).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, RESULTS, load_average, machine, stats, write_json
+from common import REPO, RESULTS, Bench, stats
 
 ROW = {"iteration": 7, "env_steps": 7168, "episodes": 120, "wall_clock": 1.2345, "mean_return": 61.2,
        "episodes_per_second": 95.1, "env_steps_per_second": 5800.4, "loss": 3.21, "gradient_updates": 112,
@@ -40,7 +40,6 @@ def row_costs(rows: int) -> dict[str, float]:
     apart as they come apart in a run), and the writer's (the process's CPU time and the
     wall time until close() has written everything, rows added back to back)."""
     import torch  # noqa: F401  (loaded in a learner before the writer starts)
-
     from kuberl.trainer.tensorboard_log import EventLog, row_scalars
 
     def row(i: int) -> dict:
@@ -77,14 +76,16 @@ def train_once(tree: Path, run_dir: Path) -> dict[str, float]:
     return {"command": wall, "startup": split["startup"], "total": split["total"]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--before", type=Path, required=True)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--before", type=Path, required=True,
+                        help="a tree of the commit before the event files (see above)")
     parser.add_argument("--runs", type=int, default=4)
-    args = parser.parse_args()
-    load_before = load_average()
-    result = {"machine": machine(load_average_before=load_before),
-              "tensorboardX_import_after_torch_s": stats(import_seconds(5)), **row_costs(2000)}
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "tensorboard.json", arguments)
+    args = bench.args
+    result = {"tensorboardX_import_after_torch_s": stats(import_seconds(5)), **row_costs(2000)}
     runs = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
@@ -94,9 +95,8 @@ def main() -> None:
     result["kuberl_train_cartpole_ppo"] = {
         name: {key: stats([r[key] for r in rs]) for key in ("command", "startup", "total")}
         for name, rs in runs.items()}
-    result["machine"]["load_average_after"] = load_average()
     print(json.dumps(result, indent=1))
-    write_json(RESULTS / "tensorboard.json", result)
+    bench.write(result)
 
 
 if __name__ == "__main__":

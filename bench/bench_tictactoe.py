@@ -28,8 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import ray
-import torch
-from common import RESULTS, example_job, load_average, machine, write_json
+from common import RESULTS, Bench, example_job, load_average
 from kuberl.api.load import parse_job
 from kuberl.trainer.checkpoint import load_latest
 from kuberl.trainer.envs.tictactoe import encode, winner
@@ -168,12 +167,14 @@ def verdict(run: dict) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--output", default=str(RESULTS / "tictactoe.json"))
     parser.add_argument("--max-episodes", type=int, help="override the example's 100k (quick checks only)")
-    args = parser.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "tictactoe.json", arguments)
+    args = bench.args
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-ttt-") as tmp:
         for k in args.workers:
@@ -181,17 +182,13 @@ def main() -> None:
             run["meets_target"] = verdict(run)
             runs.append(run)
             print(json.dumps(run, indent=2))
-    out = {
-        "benchmark": "Tic-Tac-Toe DQN, 100k training episodes (examples/tictactoe-dqn.yaml)",
-        "command": "bench/bench_tictactoe.py",
-        "machine": machine(processor=platform.processor() or platform.machine(), torch=torch.__version__,
-                           note="cores shared with other work; see load_average_* per run"),
+    bench.write({
+        "machine_notes": {"processor": platform.processor() or platform.machine(),
+                          "note": "cores shared with other work; see load_average_* per run"},
         "seed": SEED,
         "targets": TARGETS,
         "runs": runs,
-    }
-    write_json(args.output, out, indent=2)
-    print(f"wrote {args.output}")
+    })
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from common import RESULTS, load_average, machine, write_json
+from common import RESULTS, Bench
 
 _PROBE = r"""
 import ctypes, glob, json, os, resource, time
@@ -52,12 +52,13 @@ def run(preload: bool) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--output", type=str, default=str(RESULTS / "torch_import.json"))
-    args = parser.parse_args()
-    before = load_average()
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "torch_import.json", arguments)
+    args = bench.args
     plain = [run(False) for _ in range(args.repeats)]
     preloaded = [run(True) for _ in range(args.repeats)] if plain[0]["cuda"] else []
 
@@ -65,9 +66,6 @@ def main() -> None:
         return round(statistics.median(r[key] for r in rows), 3)
 
     result = {
-        "benchmark": "import torch in a fresh process",
-        "command": f"bench/bench_torch_import.py --repeats {args.repeats}",
-        "machine": {**machine(), "loadavg_before": before, "loadavg_after": load_average()},
         "torch": plain[0]["version"], "cuda": plain[0]["cuda"],
         "import_torch_seconds": {"median": med(plain, "torch"), "min": round(min(r["torch"] for r in plain), 3),
                                  "max": round(max(r["torch"] for r in plain), 3)},
@@ -82,7 +80,7 @@ def main() -> None:
             "note": "loading every nvidia-* library first: an upper bound on their share of the import "
                     "(torch itself loads only those it links)",
         }
-    write_json(args.output, result)
+    bench.write(result)
     print(json.dumps(result, indent=1))
 
 

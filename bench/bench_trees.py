@@ -20,13 +20,11 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, RESULT_PREFIX, load_average, machine, stats, write_json
+from common import REPO, RESULT_PREFIX, Bench, Stopwatch, load_average, stats
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -67,7 +65,8 @@ def tictactoe(tree: Path) -> list[dict[str, Any]]:
                               check=False)
         if proc.returncode != 0:
             raise SystemExit(f"{tree}: tictactoe failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-        runs = json.loads(output.read_text())["runs"]
+        data = json.loads(output.read_text())
+        runs = data.get("results", data)["runs"]  # a tree older than the harness writes them at the top level
     keep = ("workers", "episodes", "training_wall_clock_seconds", "episodes_per_second", "ray_start_seconds",
             "evaluation_and_shutdown_seconds", "cpu_seconds_training", "suites", "exact_vs_random", "meets_target")
     return [{**{k: run.get(k) for k in keep}, "loadavg_start": load} for run in runs]
@@ -99,8 +98,9 @@ def paired(runs: dict[str, dict[str, list]], reference: str, other: str) -> dict
             f"command_wall_seconds_ratio_{other}_over_{reference}": stats(ratios)}
 
 
-def report(runs: dict[str, dict[str, list]], argv: list[str], trees: dict[str, Any], seconds: float) -> dict:
-    summary = summarize(runs)
+def report(runs: dict[str, dict[str, list]], summary: dict[str, Any], trees: dict[str, Any],
+           seconds: float) -> dict:
+    """The results of a comparison, `summary` (summarize(runs)) set against the first tree."""
     reference, *others = list(runs)
     ratios = {}
     for other in others:
@@ -108,31 +108,31 @@ def report(runs: dict[str, dict[str, list]], argv: list[str], trees: dict[str, A
             if isinstance(value, dict) and summary[reference].get(key):
                 ratios[f"{key}: {other}/{reference}"] = round(value["median"] / summary[reference][key]["median"], 3)
     return {
-        "benchmark": "the same benchmarks on two source trees, run alternately (bench/bench_trees.py)",
-        "argv": argv,
         "trees": trees,
-        "machine": machine(note="cores shared with other work: each run records loadavg_start"),
+        "machine_notes": {"note": "cores shared with other work: each run records loadavg_start"},
         "wall_seconds": round(seconds, 1),
-        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "summary": summary,
         "median_ratios": ratios,
         "cartpole_paired_by_seed": {other: paired(runs, reference, other) for other in others},
         "runs": runs,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
                         help="a source tree to run (give two; the first is the reference)")
     parser.add_argument("--cartpole-seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--tictactoe-rounds", type=int, default=1)
-    parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
+
+
+def main() -> None:
+    bench = Bench(__doc__, None, arguments, output_help="the result file (required: a comparison has no default)")
+    args = bench.args
+    if bench.output is None:
+        bench.parser.error("the following arguments are required: --output")
     trees = {name: Path(path).resolve() for name, _, path in (t.partition("=") for t in args.tree)}
     runs: dict[str, dict[str, list]] = {name: {"cartpole": [], "tictactoe": []} for name in trees}
     order = list(trees)
-    t0 = time.perf_counter()
+    clock = Stopwatch()
     for i, seed in enumerate(args.cartpole_seeds):
         for name in order if i % 2 == 0 else order[::-1]:
             runs[name]["cartpole"].append(res := cartpole(trees[name], seed))
@@ -143,9 +143,11 @@ def main() -> None:
             runs[name]["tictactoe"] += (res := tictactoe(trees[name]))
             print(f"tictactoe {name} round {i}: " + ", ".join(
                 f"k={r['workers']} {r['training_wall_clock_seconds']} s" for r in res), flush=True)
-    result = report(runs, sys.argv[1:], {name: str(path) for name, path in trees.items()}, time.perf_counter() - t0)
-    write_json(args.output, result)
-    print(json.dumps({k: result[k] for k in ("summary", "median_ratios", "cartpole_paired_by_seed")}, indent=1))
+    summary = summarize(runs)
+    result = report(runs, summary, {name: str(path) for name, path in trees.items()}, clock.seconds(1))
+    bench.write(result, summary)
+    print(json.dumps({"summary": summary, **{k: result[k] for k in ("median_ratios", "cartpole_paired_by_seed")}},
+                     indent=1))
 
 
 if __name__ == "__main__":

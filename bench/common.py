@@ -1,22 +1,38 @@
-"""What the benchmarks share: paths, the machine record, result files, timing in turns, the CartPole
-time-to-solve protocol, the autoscaling benchmark jobs, and the one door into the tests' cluster bed.
+"""What the benchmarks share: the harness every script runs under (its command line, the machine
+record, its result file), timing, the CartPole time-to-solve protocol, the autoscaling benchmark jobs,
+and the one door into the tests' cluster bed.
 
 Every script sits next to this file and imports it as `common`: Python puts a script's own folder on
 sys.path, so `python bench/<script>.py` works from any directory with no path set-up. Top-level
 imports are the standard library only, because the peers' virtualenvs (SB3, RLlib: numpy, gymnasium
 and torch, no kuberl, no PyYAML) import the protocol from here too; what a helper needs beyond that
 it imports inside.
+
+A script's life under the harness:
+
+    bench = Bench(__doc__, RESULTS / "x.json", arguments)   # parses --output and the script's own flags
+    args = bench.args
+    ...                                                      # measure
+    bench.write(results, summary)                            # bench/results/x.json
+
+and every result file has one shape: {"benchmark", "command", "machine", "results", "summary"
+(optional)}, `machine` as `machine()` makes it.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import datetime
 import importlib
+import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,8 +44,11 @@ BENCH = REPO / "bench"
 RESULTS = BENCH / "results"
 EXAMPLES = REPO / "examples"
 
+#: The keys of every result file; `summary` may be left out.
+RESULT_KEYS = ("benchmark", "command", "machine", "results", "summary")
 
-# ---- the machine and result files ------------------------------------------------------------------
+
+# ---- the machine ------------------------------------------------------------------------------------
 
 
 def load_average() -> list[float]:
@@ -37,10 +56,136 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def machine(**extra: Any) -> dict[str, Any]:
-    """The record every result carries: cores, platform and Python, plus the script's own fields (its
-    load averages, under the names its result files have always used)."""
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), **extra}
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def torch_version() -> str | None:
+    """The installed torch, without importing it (a second and more) unless the script already has."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """HEAD of this checkout, `-dirty` when tracked files differ from it; None outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
+                              timeout=30).stdout.strip()
+
+    try:
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def memory_gb() -> float | None:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def machine(loadavg_before: list[float] | None = None, **extra: Any) -> dict[str, Any]:
+    """The one machine record of a result file, taken when the result is written: cores, memory (GB),
+    platform, Python, torch (None where it is not installed), the load average when the run began and
+    now, the date (UTC) and the commit. `extra` fields go in as they are, outside the schema that
+    tests/test_bench_harness.py checks: a script's own details belong in its results."""
+    return {"cpus": os.cpu_count(), "memory_gb": memory_gb(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch_version(),
+            "loadavg": {"before": loadavg_before, "after": load_average()}, "date": utc_now(),
+            "git_commit": git_commit(), **extra}
+
+
+# ---- the harness: command line, timing, result file -------------------------------------------------
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's argument parser: its docstring is the --help text, as written."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def describe(doc: str | None) -> str:
+    """What a benchmark measures, for its result file: the docstring's first paragraph on one line."""
+    first = (doc or "").strip().split("\n\n", 1)[0]
+    return " ".join(first.split()).rstrip(".")
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that ran this script, as one pastes it from the repository root."""
+    python = Path(os.path.abspath(sys.executable))  # .venv/bin/python, its symlink not followed
+    script = Path(sys.argv[0])
+    parts = [str(python.relative_to(REPO)) if python.is_relative_to(REPO) else "python",
+             f"bench/{script.name}" if script.suffix == ".py" else str(script)]
+    return shlex.join(parts + list(sys.argv[1:] if argv is None else argv))
+
+
+class Stopwatch:
+    """Seconds since it was made, on the monotonic clock, rounded for a result file."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    def seconds(self, digits: int = 3) -> float:
+        return round(time.perf_counter() - self.started, digits)
+
+
+def read_result(path: Path | str) -> dict[str, Any]:
+    """A result file, checked to have the harness's shape."""
+    record = json.loads(Path(path).read_text())
+    missing = [key for key in RESULT_KEYS[:-1] if key not in record]
+    unknown = [key for key in record if key not in RESULT_KEYS]
+    if missing or unknown:
+        raise ValueError(f"{path}: not a result file of bench/common.py: missing {missing}, unknown {unknown}; "
+                         f"allowed keys: {', '.join(RESULT_KEYS)}")
+    return record
+
+
+class Bench:
+    """One run of a benchmark script: its command line (`--output` and the script's own arguments),
+    the load average when it began, and its result file.
+
+    `output` is the default result file; None where the script picks it after parsing (then it sets
+    `bench.output`). `arguments(parser)` adds the script's own flags.
+    """
+
+    def __init__(self, doc: str | None, output: Path | None,
+                 arguments: Callable[[argparse.ArgumentParser], None] | None = None, *,
+                 output_help: str | None = None, argv: list[str] | None = None) -> None:
+        self.benchmark = describe(doc)
+        self.parser = parser(doc)
+        shown = output.relative_to(REPO) if output is not None and output.is_relative_to(REPO) else output
+        self.parser.add_argument("--output", type=Path, default=output,
+                                 help=output_help or f"the result file (default: {shown})")
+        if arguments is not None:
+            arguments(self.parser)
+        self.args = self.parser.parse_args(argv)
+        self.output: Path | None = self.args.output
+        self.command = command_line(argv)
+        self.loadavg_before = load_average()
+
+    def previous(self) -> dict[str, Any]:
+        """The results already in the output file ({} if there is none), for a script that merges runs."""
+        if self.output is None or not self.output.exists():
+            return {}
+        return read_result(self.output)["results"]
+
+    def write(self, results: dict[str, Any], summary: dict[str, Any] | None = None) -> Path:
+        """The result file: {"benchmark", "command", "machine", "results", "summary" (when given)}."""
+        if self.output is None:
+            raise ValueError("no result file: give --output")
+        record = {"benchmark": self.benchmark, "command": self.command, "machine": machine(self.loadavg_before),
+                  "results": results}
+        if summary is not None:
+            record["summary"] = summary
+        path = write_json(self.output, record)
+        print(f"wrote {path}", file=sys.stderr)
+        return path
 
 
 def write_json(path: Path | str, data: Any, indent: int = 1) -> Path:
@@ -251,12 +396,6 @@ def autoscaling_eval_seeds() -> list[int]:
     return list(range(AUTOSCALING_EVAL_SEED, AUTOSCALING_EVAL_SEED + AUTOSCALING_EVAL_EPISODES))
 
 
-def autoscaling_machine() -> dict[str, Any]:
-    import torch
-
-    return machine(load_average=load_average(), torch=torch.__version__)
-
-
 def autoscaling_job(base: dict[str, Any], pattern: str, max_env_steps: int, *, algorithm: dict | None = None,
                     name: str | None = None) -> dict[str, Any]:
     """An example job with another load pattern and budget, evaluated on the benchmark's seeds only."""
@@ -293,7 +432,6 @@ def best_threshold(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     scored on the evaluation seeds; on AutoscalingMulti-v0 (x 3 tiers x 3 priorities: 450 settings)
     the 10 best on 5 other seeds, then scored on the evaluation seeds."""
     import gymnasium as gym
-
     from kuberl.trainer.envs import AUTOSCALING_MULTI_ID
     from kuberl.trainer.evaluation.baselines import rank_thresholds, threshold_grid
 

@@ -10,7 +10,6 @@ at the first `algo.train()`.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -20,7 +19,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np
 import ray
 import torch
-from common import SolveClock, emit, greedy_eval
+from common import SolveClock, emit, greedy_eval, parser
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 from ray.rllib.utils.metrics import (
@@ -47,7 +46,7 @@ EXAMPLE = {"lr": 0.0003, "num_epochs": 6, "vf_loss_coeff": 0.01,
 EXAMPLE_SOURCE = "ray-project/ray rllib/examples/algorithms/ppo/cartpole_ppo.py @ 4d5432002e1d"
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = parser(__doc__)
     p.add_argument("--env-runners", type=int, default=1)
     p.add_argument("--learners", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)

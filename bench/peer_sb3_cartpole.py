@@ -9,12 +9,11 @@ Prints one `BENCH_RESULT {json}` line at the end.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 import torch
-from common import SolveClock, emit, greedy_eval
+from common import SolveClock, emit, greedy_eval, parser
 from stable_baselines3 import DQN, PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
@@ -64,7 +63,7 @@ class Protocol(BaseCallback):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = parser(__doc__)
     p.add_argument("--algo", choices=["ppo", "dqn"], required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-steps", type=int, default=None,

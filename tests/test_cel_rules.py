@@ -113,7 +113,7 @@ BAD = {
     "claim-and-size-limit": (lambda m: m["spec"]["checkpointing"].update(
         volume={"claimName": "checkpoints", "sizeLimit": "1Gi"}),
         "spec.checkpointing.volume", "claimName and sizeLimit exclude each other"),
-    **{f"metrics-port-{port}": (spec(metrics={"port": port}), "spec.metrics", "port must not be one of Ray's ports")
+    **{f"metrics-port-{port}": (spec(metrics={"port": port}), "spec.metrics.port", "must not be one of Ray's ports")
        for port in (6379, 8265, 10001, 10002, 15000, 19999, 52365)},
     "no-stopping-limit": (spec(stopping={"targetReturn": 475}), "spec.stopping", "at least one of maxEpisodes"),
     "async-ppo": (spec(collection={"mode": "async"}), "spec", "async needs an off-policy algorithm"),
@@ -256,3 +256,56 @@ def test_job_name_rule_and_resource_name_rule_agree_with_the_model():
             model_ok = False
         cel_ok = bool(_program(names_rule).evaluate({"self": celpy.json_to_cel({"limits": {sample: "1"}})}))
         assert cel_ok == model_ok, sample
+
+
+# ---- one declaration per rule: the CRD's CEL and the model's check agree on every job ---------------------
+
+
+def _rule_messages() -> set[str]:
+    return {rule["message"] for _, rule in _rules(SCHEMA)}
+
+
+def _agreement_cases() -> dict[str, dict]:
+    cases = {f"example-{p.stem}": yaml.safe_load(p.read_text()) for p in sorted((REPO / "examples").glob("*.yaml"))}
+    cases.update({f"good-{name}": job(change) for name, change in GOOD.items()})
+    cases.update({f"bad-{name}": job(change) for name, (change, _, _) in BAD.items()})
+    for path in sorted((REPO / "tests" / "data" / "malformed").glob("*.yaml")):
+        text = path.read_text(errors="replace")
+        if "&" in text or "*" in text:
+            continue  # YAML aliases: the loader refuses a bomb before expanding it; no rule reads it
+        try:
+            data = yaml.safe_load(text)
+        except (yaml.YAMLError, ValueError):
+            continue  # refused before any rule could read it (YAML itself)
+        if isinstance(data, dict):
+            cases[f"malformed-{path.stem}"] = data
+    return cases
+
+
+AGREEMENT = _agreement_cases()
+
+
+@pytest.mark.parametrize("case", sorted(AGREEMENT))
+def test_the_crds_rules_and_the_models_checks_agree(case):
+    """Each rule is declared once (kuberl.api.rules): where CEL refuses a job, the model refuses it at the
+    same place with the same words; where the model refuses with a rule's words, CEL refuses it there."""
+    manifest = AGREEMENT[case]
+    try:
+        cel = cel_violations(manifest)
+    except Exception:  # noqa: BLE001 - a value CEL cannot even read (a YAML date, a huge int) has no rule result
+        pytest.skip("not JSON data: the API server refuses it before any rule runs")
+    try:
+        parse_job(copy.deepcopy(manifest))
+        model: list = []
+    except InvalidJob as err:
+        model = err.problems
+    messages = _rule_messages()
+    for path, message in cel:
+        assert any(p.path.startswith(path) for p in model), (case, path, message, [str(p) for p in model])
+        ran = [p for p in model if p.path == path and any(m in p.message for m in messages)]
+        if ran:  # the model's own rule ran there (no field error came first): the same words
+            assert any(message in p.message for p in ran), (case, message, [str(p) for p in ran])
+    for problem in model:
+        for message in messages:
+            if message in problem.message:
+                assert (problem.path, message) in cel, (case, problem.path, message, cel)

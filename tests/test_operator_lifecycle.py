@@ -15,8 +15,9 @@ from kuberl.api.semantics import check_registered
 from kuberl.operator import builders, lifecycle
 from kuberl.operator import status as st_
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.lifecycle import JobMeta, PodView
+from kuberl.operator.lifecycle import JobMeta
 from kuberl.operator.names import Component
+from kuberl.operator.pods import PodView
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
 OPTIONS = BuildOptions()

@@ -196,8 +196,8 @@ def test_scope_peering_and_liveness_flags_become_kopf_options():
 
 def test_metrics_url_template_resolves_per_learner(job_dict):
     from kuberl.api.load import parse_job
-    from kuberl.operator.lifecycle import PodView
     from kuberl.operator.names import Component
+    from kuberl.operator.pods import PodView
     from kuberl.operator.runtime import url_from_template
 
     job = parse_job(job_dict)

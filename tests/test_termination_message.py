@@ -8,7 +8,7 @@ kubelet puts them into the pod's status, and the operator parses them as it pars
 from __future__ import annotations
 
 from kuberl.operator import builders
-from kuberl.operator.lifecycle import PodView
+from kuberl.operator.pods import PodView
 from kuberl.operator.status import parse_learner_metrics
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 

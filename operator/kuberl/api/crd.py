@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from kuberl.api import job as m
+from kuberl.api.rules import schema_entries
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
@@ -94,7 +95,7 @@ def open_api_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["spec"],
         # Rules at the root may read metadata.name: the job's own name rule lives here.
-        "x-kubernetes-validations": m.RLTrainingJob.model_config["json_schema_extra"]["x-kubernetes-validations"],
+        "x-kubernetes-validations": schema_entries(m.RLTrainingJob.RULES),
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

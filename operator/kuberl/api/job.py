@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from kuberl.api import kube, pod_schema, pod_template
+from kuberl.api.rules import Rule, broken, on_field, schema_entries
 
 GROUP = "kuberl.dev"
 VERSION = "v1alpha1"
@@ -24,10 +25,17 @@ SINGULAR = "rltrainingjob"
 SHORT_NAMES = ["rltj"]
 
 
+def _rules_in_schema(schema: dict[str, Any], cls: type) -> None:
+    rules = getattr(cls, "RULES", ())
+    if rules:
+        schema["x-kubernetes-validations"] = schema_entries(rules)
+
+
 class _Model(BaseModel):
     """Base: camelCase in YAML, snake_case in Python, unknown fields rejected (they are typos), every
     float finite: YAML's .inf and .nan are no JSON (the API server and the learner pod get a job as JSON),
-    and `maxWallClockSeconds: .inf` would be a job that never stops."""
+    and `maxWallClockSeconds: .inf` would be a job that never stops. A class's cross-field `RULES`
+    (kuberl.api.rules) go into its schema as CEL and are checked once its fields are parsed."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -36,7 +44,16 @@ class _Model(BaseModel):
         validate_default=True,
         use_enum_values=False,
         allow_inf_nan=False,
+        json_schema_extra=_rules_in_schema,
     )
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Any:
+        problems = broken(self, type(self).RULES)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,21 +110,38 @@ _RESOURCE_NAME_CEL = (
     f"(k.contains('/') && !k.contains('kubernetes.io/') && k.matches('{kube.QUALIFIED_NAME_PATTERN}'))"
 )
 _HUGEPAGES_CEL = "exists(k, k.startsWith('hugepages-'))"
-RESOURCES_RULES: list[dict[str, str]] = [
-    {"rule": f"!has(self.requests) || self.requests.all(k, {_RESOURCE_NAME_CEL})",
-     "message": f"requests: resource names must be {kube.RESOURCE_NAMES_ALLOWED}"},
-    {"rule": f"!has(self.limits) || self.limits.all(k, {_RESOURCE_NAME_CEL})",
-     "message": f"limits: resource names must be {kube.RESOURCE_NAMES_ALLOWED}"},
-    {"rule": f"!has(self.requests) || self.requests.all(k, {_STANDARD_RESOURCE_CEL} || "
-             "(has(self.limits) && k in self.limits))",
-     "message": "requests: an extended resource (e.g. nvidia.com/gpu) or hugepages request needs a limit of the same "
-                "value: they cannot be overcommitted"},
-    {"rule": f"!((has(self.requests) && self.requests.{_HUGEPAGES_CEL}) || "
-             f"(has(self.limits) && self.limits.{_HUGEPAGES_CEL})) || "
-             "(has(self.requests) && ('cpu' in self.requests || 'memory' in self.requests)) || "
-             "(has(self.limits) && ('cpu' in self.limits || 'memory' in self.limits))",
-     "message": "hugepages need a cpu or memory request or limit too"},
-]
+def _names_valid(names: Any) -> bool:
+    try:
+        for name in names:
+            kube.check_resource_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+RESOURCES_RULES = (
+    Rule(f"!has(self.requests) || self.requests.all(k, {_RESOURCE_NAME_CEL})",
+         f"requests: resource names must be {kube.RESOURCE_NAMES_ALLOWED}",
+         lambda r: _names_valid(r.requests)),
+    Rule(f"!has(self.limits) || self.limits.all(k, {_RESOURCE_NAME_CEL})",
+         f"limits: resource names must be {kube.RESOURCE_NAMES_ALLOWED}",
+         lambda r: _names_valid(r.limits)),
+    Rule(f"!has(self.requests) || self.requests.all(k, {_STANDARD_RESOURCE_CEL} || "
+         "(has(self.limits) && k in self.limits))",
+         "requests: an extended resource (e.g. nvidia.com/gpu) or hugepages request needs a limit of the same "
+         "value: they cannot be overcommitted",
+         lambda r: all(name in _STANDARD_RESOURCES or name in r.limits for name in r.requests),
+         lambda r: "; ".join(f"requests.{n} {v!r} needs limits.{n}" for n, v in r.requests.items()
+                             if n not in _STANDARD_RESOURCES and n not in r.limits)),
+    Rule(f"!((has(self.requests) && self.requests.{_HUGEPAGES_CEL}) || "
+         f"(has(self.limits) && self.limits.{_HUGEPAGES_CEL})) || "
+         "(has(self.requests) && ('cpu' in self.requests || 'memory' in self.requests)) || "
+         "(has(self.limits) && ('cpu' in self.limits || 'memory' in self.limits))",
+         "hugepages need a cpu or memory request or limit too",
+         lambda r: not any(n.startswith(kube.HUGEPAGES_PREFIX) for n in (*r.requests, *r.limits))
+         or bool({*r.requests, *r.limits} & {"cpu", "memory"})),
+)
 NODE_SELECTOR_RULES = [
     {"rule": f"self.all(k, k.matches('{kube.QUALIFIED_NAME_PATTERN}'))",
      "message": "node selector keys must be label keys: an optional DNS-subdomain prefix and '/', then at most "
@@ -286,9 +320,9 @@ class PreferenceTeacherSpec(_Model):
 class PreferenceSpec(_Model):
     """Bradley-Terry preference head (Christiano et al. 2017; Ibarz et al. 2018) on BDQ's shared trunk."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!has(self.pairsFile) || !has(self.configMap)",
-        "message": "pairsFile and configMap exclude each other: the ConfigMap's pairs.jsonl is the file"}]})
+    RULES = (Rule("!has(self.pairsFile) || !has(self.configMap)",
+                  "pairsFile and configMap exclude each other: the ConfigMap's pairs.jsonl is the file",
+                  lambda p: p.pairs_file is None or p.config_map is None),)
 
     weight: float = Field(
         default=1.0, ge=0, le=100,
@@ -328,12 +362,6 @@ class PreferenceSpec(_Model):
         "the head only regularises the trunk.",
     )
     max_pairs: int = Field(default=20_000, ge=16, le=1_000_000, description="Ranked pairs kept (oldest dropped).")
-
-    @model_validator(mode="after")
-    def _one_pairs_source(self) -> PreferenceSpec:
-        if self.pairs_file is not None and self.config_map is not None:
-            raise ValueError("pairsFile and configMap exclude each other: the ConfigMap's pairs.jsonl is the file")
-        return self
 
 
 class QLearningConfig(_Model):
@@ -408,7 +436,7 @@ class EnvironmentSpec(_Model):
 class Resources(_Model):
     """Kubernetes container resources (quantities as strings, e.g. "500m", "2Gi")."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": RESOURCES_RULES})
+    RULES = RESOURCES_RULES
     requests: dict[ResourceName, Quantity] = Field(
         default_factory=dict, max_length=RESOURCES_MAX, description="Resource requests.")
     limits: dict[ResourceName, Quantity] = Field(
@@ -416,7 +444,8 @@ class Resources(_Model):
 
     @model_validator(mode="after")
     def _as_the_api_server_checks(self) -> Resources:
-        """What the API server refuses in a container's resources (ValidateResourceRequirements)."""
+        """What the API server refuses in a container's resources (ValidateResourceRequirements) beyond
+        RULES: quantities compared, which CEL on Kubernetes 1.27 cannot do."""
         problems = []
         for name, limit in self.limits.items():
             if kube.is_extended_resource(name) and kube.parse_quantity(limit).denominator != 1:
@@ -430,18 +459,13 @@ class Resources(_Model):
             limit = self.limits.get(name)
             overcommit = not (kube.is_extended_resource(name) or name.startswith(kube.HUGEPAGES_PREFIX))
             if limit is None:
-                if not overcommit:
-                    problems.append(f"requests.{name} {request!r} needs limits.{name} of the same value: "
-                                    "extended resources and hugepages cannot be overcommitted")
-            elif not overcommit and value != kube.parse_quantity(limit):
+                continue  # RULES: an extended resource or hugepages request needs a limit
+            if not overcommit and value != kube.parse_quantity(limit):
                 problems.append(f"requests.{name} {request!r} must equal limits.{name} {limit!r}: extended "
                                 "resources and hugepages cannot be overcommitted")
             elif value > kube.parse_quantity(limit):
                 problems.append(f"requests.{name} {request!r} must be less than or equal to limits.{name} "
                                 f"{limit!r}")
-        given = {*self.requests, *self.limits}
-        if any(n.startswith(kube.HUGEPAGES_PREFIX) for n in given) and not given & {"cpu", "memory"}:
-            problems.append("hugepages need a cpu or memory request or limit too")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -527,10 +551,10 @@ class CollectionSpec(_Model):
 
 
 class StoppingSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "has(self.maxEpisodes) || has(self.maxEnvSteps) || has(self.maxWallClockSeconds)",
-        "message": "at least one of maxEpisodes, maxEnvSteps or maxWallClockSeconds is required "
-                   "(targetReturn alone may never be reached)"}]})
+    RULES = (Rule("has(self.maxEpisodes) || has(self.maxEnvSteps) || has(self.maxWallClockSeconds)",
+                  "at least one of maxEpisodes, maxEnvSteps or maxWallClockSeconds is required "
+                  "(targetReturn alone may never be reached)",
+                  lambda s: (s.max_episodes, s.max_env_steps, s.max_wall_clock_seconds) != (None, None, None)),)
     target_return: float | None = Field(
         default=None, description="Stop when the mean return over the last returnWindow episodes reaches this."
     )
@@ -543,32 +567,16 @@ class StoppingSpec(_Model):
         default=None, gt=0, description="Stop after this much training time."
     )
 
-    @model_validator(mode="after")
-    def _some_limit(self) -> StoppingSpec:
-        if self.max_episodes is None and self.max_env_steps is None and self.max_wall_clock_seconds is None:
-            raise ValueError(
-                "at least one of maxEpisodes, maxEnvSteps or maxWallClockSeconds is required "
-                "(targetReturn alone may never be reached)"
-            )
-        return self
-
 
 class VolumeSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!has(self.claimName) || !has(self.sizeLimit)",
-        "message": "claimName and sizeLimit exclude each other: sizeLimit bounds the emptyDir used when "
-                   "there is no claim"}]})
+    RULES = (Rule("!has(self.claimName) || !has(self.sizeLimit)",
+                  "claimName and sizeLimit exclude each other: sizeLimit bounds the emptyDir used when there "
+                  "is no claim",
+                  lambda v: v.claim_name is None or v.size_limit is None),)
     claim_name: DnsSubdomain | None = Field(
         default=None, description="PersistentVolumeClaim for checkpoints; emptyDir when unset."
     )
     size_limit: Quantity | None = Field(default=None, description="emptyDir size limit (when no claim).")
-
-    @model_validator(mode="after")
-    def _claim_or_size_limit(self) -> VolumeSpec:
-        if self.claim_name is not None and self.size_limit is not None:
-            raise ValueError("claimName and sizeLimit exclude each other: sizeLimit bounds the emptyDir used "
-                             "when there is no claim")
-        return self
 
 
 class CheckpointingSpec(_Model):
@@ -626,32 +634,27 @@ class EvaluationSpec(_Model):
     )
 
 
-_RAY_PORTS_CEL = (f"self.port in {sorted(kube.RAY_PORTS)} || "
-                  f"(self.port >= {kube.RAY_WORKER_PORTS[0]} && self.port <= {kube.RAY_WORKER_PORTS[1]})")
+NOT_A_RAY_PORT = Rule(
+    f"!(self in {sorted(kube.RAY_PORTS)} || (self >= {kube.RAY_WORKER_PORTS[0]} && self <= {kube.RAY_WORKER_PORTS[1]}))",
+    "must not be one of Ray's ports in the job's pods: "
+    + ", ".join(f"{p} ({what})" for p, what in kube.RAY_PORTS.items())
+    + f", {kube.RAY_WORKER_PORTS[0]}-{kube.RAY_WORKER_PORTS[1]} (Ray workers); 0 is the default 8080",
+    lambda port: not kube.is_ray_port(port), kube.ray_port_use)
 
 
 class MetricsSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": f"!has(self.port) || !({_RAY_PORTS_CEL})",
-        "message": "port must not be one of Ray's ports in the job's pods: "
-                   + ", ".join(f"{p} ({what})" for p, what in kube.RAY_PORTS.items())
-                   + f", {kube.RAY_WORKER_PORTS[0]}-{kube.RAY_WORKER_PORTS[1]} (Ray workers)"}]})
     enabled: bool = Field(default=True, description="Serve Prometheus /metrics from the learner.")
-    port: int = Field(default=8080, ge=0, le=65535, description="Metrics port (0 picks a free one locally).")
-
-    @field_validator("port")
-    @classmethod
-    def _not_a_ray_port(cls, v: int) -> int:
-        return kube.check_metrics_port(v)
+    port: Annotated[int, *on_field(NOT_A_RAY_PORT)] = Field(
+        default=8080, ge=0, le=65535, description="Metrics port (0 picks a free one locally).")
 
 
 class ServingSpec(_Model):
     """Serve the trained policy once the job succeeds: a Deployment runs `kuberl serve` on the checkpoint
     claim (Open Inference Protocol + /act) behind a Service; `status.servingEndpoint` is its URL."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
-        "message": "port and metricsPort must differ"}]})
+    RULES = (Rule("!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
+                  "port and metricsPort must differ: the protocol and /metrics-only listeners each need one",
+                  lambda s: s.port != s.metrics_port, lambda s: f"both are {s.port}"),)
     replicas: int = Field(default=1, ge=1, le=100, description="Serving pods (each answers every request).")
     resources: Resources = Field(
         default_factory=lambda: Resources(requests={"cpu": "500m", "memory": "1Gi"}, limits={"memory": "2Gi"}),
@@ -668,12 +671,6 @@ class ServingSpec(_Model):
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
     template: PodTemplate("serving") = _template_field("serving")
 
-    @model_validator(mode="after")
-    def _ports_differ(self) -> ServingSpec:
-        if self.port == self.metrics_port:
-            raise ValueError(f"port and metricsPort must differ, both are {self.port}")
-        return self
-
 
 SERVING_NEEDS_CLAIM = ("serving needs checkpointing.volume.claimName: the serving pods read the policy from "
                        "the checkpoint claim (an emptyDir dies with the learner pod)")
@@ -688,18 +685,21 @@ _MANY_LEARNERS_CEL = "has(self.learner) && has(self.learner.replicas) && self.le
 
 
 class RLTrainingJobSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'QLearning')",
-        "message": DATA_PARALLEL_NEEDS_GRADIENTS}, {
-        "rule": f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'BDQ' && has(self.algorithm.bdq) && "
-                "has(self.algorithm.bdq.preference))",
-        "message": DATA_PARALLEL_WITHOUT_PREFERENCE}, {
-        "rule": "!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
-                "self.algorithm.name != 'PPO'",
-        "message": "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO"}, {
-        "rule": "!has(self.serving) || (has(self.checkpointing) && has(self.checkpointing.volume) && "
-                "has(self.checkpointing.volume.claimName))",
-        "message": SERVING_NEEDS_CLAIM}]})
+    RULES = (
+        Rule(f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'QLearning')", DATA_PARALLEL_NEEDS_GRADIENTS,
+             lambda s: not (s.learner.replicas > 1 and s.algorithm.name == AlgorithmName.QLEARNING)),
+        Rule(f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'BDQ' && has(self.algorithm.bdq) && "
+             "has(self.algorithm.bdq.preference))", DATA_PARALLEL_WITHOUT_PREFERENCE,
+             lambda s: not (s.learner.replicas > 1 and s.algorithm.name == AlgorithmName.BDQ
+                            and s.algorithm.bdq.preference is not None)),
+        Rule("!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
+             "self.algorithm.name != 'PPO'",
+             "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO",
+             lambda s: not (s.collection.mode == CollectionMode.ASYNC and s.algorithm.name == AlgorithmName.PPO)),
+        Rule("!has(self.serving) || (has(self.checkpointing) && has(self.checkpointing.volume) && "
+             "has(self.checkpointing.volume.claimName))", SERVING_NEEDS_CLAIM,
+             lambda s: s.serving is None or s.checkpointing.volume.claim_name is not None),
+    )
     algorithm: AlgorithmSpec = Field(description="Learning algorithm and hyperparameters.")
     environment: EnvironmentSpec = Field(description="The environment to train on.")
     rollout_workers: RolloutWorkersSpec = Field(
@@ -722,7 +722,7 @@ class RLTrainingJobSpec(_Model):
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the job this long after it succeeds or fails."
     )
-    backoff_limit: int = Field(default=3, ge=0, le=100, description="Learner restarts before the job fails.")
+    backoff_limit: int = Field(default=3, ge=0, le=100, description="Restarts of the learner and of the Ray head, counted together, before the job fails.")
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has been active longer than this."
     )
@@ -741,12 +741,6 @@ class RLTrainingJobSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _serving_needs_a_claim(self) -> RLTrainingJobSpec:
-        if self.serving is not None and self.checkpointing.volume.claim_name is None:
-            raise ValueError(SERVING_NEEDS_CLAIM)
-        return self
-
-    @model_validator(mode="after")
     def _templates_fit(self) -> RLTrainingJobSpec:
         shaped = {"head": (self.head.template, 1),
                   "rolloutWorkers": (self.rollout_workers.template, self.rollout_workers.replicas),
@@ -758,24 +752,6 @@ class RLTrainingJobSpec(_Model):
                               for role in cost if cost[role])
             raise ValueError(f"the pod templates times their pods come to {sum(cost.values()):,} bytes ({parts}); "
                              f"at most {pod_template.MAX_JOB_TEMPLATE_BYTES:,}: fewer replicas or smaller templates")
-        return self
-
-    @model_validator(mode="after")
-    def _async_needs_off_policy(self) -> RLTrainingJobSpec:
-        if self.collection.mode == CollectionMode.ASYNC and self.algorithm.name == AlgorithmName.PPO:
-            raise ValueError(
-                "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), "
-                "got algorithm.name PPO"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _data_parallel_needs_gradients(self) -> RLTrainingJobSpec:
-        if self.learner.replicas > 1 and self.algorithm.name == AlgorithmName.QLEARNING:
-            raise ValueError(DATA_PARALLEL_NEEDS_GRADIENTS)
-        if (self.learner.replicas > 1 and self.algorithm.name == AlgorithmName.BDQ
-                and self.algorithm.bdq.preference is not None):
-            raise ValueError(DATA_PARALLEL_WITHOUT_PREFERENCE)
         return self
 
 
@@ -860,17 +836,25 @@ class ObjectMeta(BaseModel):
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 
 #: CEL rules at the CRD's root, where the API server lets them read metadata.name.
-JOB_RULES = [{
-    "rule": f"self.metadata.name.size() <= {kube.JOB_NAME_MAX_LENGTH} && "
-            f"self.metadata.name.matches('{kube.DNS_1035_LABEL_PATTERN}')",
-    "message": f"metadata.name must be a DNS-1035 label of at most {kube.JOB_NAME_MAX_LENGTH} characters "
-               "(lowercase letters, digits and '-', starting with a letter): the job's pods and Services "
-               "are named after it",
-}]
+def _valid_job_name(name: str) -> bool:
+    try:
+        kube.check_job_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+JOB_RULES = (Rule(
+    f"self.metadata.name.size() <= {kube.JOB_NAME_MAX_LENGTH} && "
+    f"self.metadata.name.matches('{kube.DNS_1035_LABEL_PATTERN}')",
+    f"metadata.name must be a DNS-1035 label of at most {kube.JOB_NAME_MAX_LENGTH} characters "
+    "(lowercase letters, digits and '-', starting with a letter): the job's pods and Services are named after it",
+    lambda job: _valid_job_name(job.metadata.name)),)
 
 
 class RLTrainingJob(_Model):
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"x-kubernetes-validations": JOB_RULES})
+    model_config = ConfigDict(extra="ignore")
+    RULES = JOB_RULES
     api_version: Literal["kuberl.dev/v1alpha1"] = Field(alias="apiVersion", description="kuberl.dev/v1alpha1")
     kind: Literal["RLTrainingJob"] = Field(description="RLTrainingJob")
     metadata: ObjectMeta

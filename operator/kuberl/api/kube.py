@@ -180,15 +180,15 @@ RAY_PORTS = {6379: "Ray GCS", 8265: "Ray dashboard", 10001: "Ray client server",
 RAY_WORKER_PORTS = (10002, 19999)
 
 
-def check_metrics_port(port: int) -> int:
+def is_ray_port(port: int) -> bool:
+    """A port Ray takes in every pod of a job (a metrics port there would clash with it)."""
     low, high = RAY_WORKER_PORTS
-    taken = RAY_PORTS.get(port) or ("Ray worker" if low <= port <= high else None)
-    if taken:
-        raise ValueError(
-            f"port {port} is the {taken} port in the job's pods; allowed: 1-65535 except "
-            + ", ".join(f"{p} ({what})" for p, what in RAY_PORTS.items())
-            + f" and {low}-{high} (Ray workers), or 0 for the default 8080")
-    return port
+    return port in RAY_PORTS or low <= port <= high
+
+
+def ray_port_use(port: int) -> str:
+    """What Ray uses `port` for, in words."""
+    return f"port {port} is the {RAY_PORTS[port]} port" if port in RAY_PORTS else f"port {port} is a Ray worker port"
 
 
 # ---- free-form values (env kwargs, baseline params) ----------------------------------------------

@@ -28,8 +28,9 @@ from kuberl.api.semantics import check_registered
 from kuberl.api.tenancy import Tenancy
 from kuberl.operator import builders, lifecycle, names
 from kuberl.operator import status as job_status
-from kuberl.operator.lifecycle import JobMeta, Plan, PodView
+from kuberl.operator.lifecycle import JobMeta, Plan
 from kuberl.operator.names import Component
+from kuberl.operator.pods import PodView
 from kuberl.operator.runtime import ApiError, OperatorConfig, Runtime
 
 QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements

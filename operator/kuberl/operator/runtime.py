@@ -19,8 +19,8 @@ from kuberl.api.job import GROUP, PLURAL, VERSION, RLTrainingJob
 from kuberl.api.tenancy import Tenancy
 from kuberl.operator import builders
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.lifecycle import PodView
 from kuberl.operator.metrics import OPERATOR_METRICS, OperatorMetrics
+from kuberl.operator.pods import PodView
 
 #: Where the operator reads a learner's progress. Placeholders: {pod_ip}, {port}, {job}, {namespace},
 #: {metrics_service}. The default reads the pod directly (no DNS, works before Services resolve).

@@ -1,0 +1,107 @@
+"""The benchmarks' one harness (bench/common.py): every script takes `--output`, and every result file
+under bench/results has the one shape and machine record a fresh run writes."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+BENCH = REPO / "bench"
+SCRIPTS = sorted(BENCH.glob("bench_*.py"))  # peer_*.py run in the peers' virtualenvs and write no file
+RESULT_FILES = sorted((BENCH / "results").glob("*.json"))
+MACHINE_KEYS = {"cpus", "memory_gb", "platform", "python", "torch", "loadavg", "date", "git_commit"}
+
+
+def shape_errors(record: dict) -> list[str]:
+    """What keeps `record` from being a result file of the harness; [] when it is one."""
+    errors = []
+    keys = set(record)
+    required = {"benchmark", "command", "machine", "results"}
+    if not required <= keys <= required | {"summary"}:
+        errors.append(f"top-level keys {sorted(keys)}")
+    for key in ("benchmark", "command"):
+        if not isinstance(record.get(key), str) or not record.get(key):
+            errors.append(f"{key} is {record.get(key)!r}, not a non-empty string")
+    if not isinstance(record.get("results"), dict):
+        errors.append("results is not an object")
+    if "summary" in record and not isinstance(record["summary"], dict):
+        errors.append("summary is not an object")
+    machine = record.get("machine")
+    if not isinstance(machine, dict) or set(machine) != MACHINE_KEYS:
+        found = sorted(machine) if isinstance(machine, dict) else machine
+        return [*errors, f"machine keys {found!r}, not {sorted(MACHINE_KEYS)}"]
+    expected = {"cpus": int, "memory_gb": (int, float), "platform": str, "python": str, "torch": str,
+                "date": str, "git_commit": str}
+    for key, kind in expected.items():
+        if machine[key] is not None and not isinstance(machine[key], kind):
+            errors.append(f"machine.{key} is {machine[key]!r}")
+    loadavg = machine["loadavg"]
+    if not isinstance(loadavg, dict) or set(loadavg) != {"before", "after"}:
+        errors.append(f"machine.loadavg is {loadavg!r}, not {{'before': [1, 5, 15], 'after': [...]}}")
+    else:
+        for when, value in loadavg.items():
+            if value is not None and not (isinstance(value, list) and len(value) == 3
+                                          and all(isinstance(x, (int, float)) for x in value)):
+                errors.append(f"machine.loadavg.{when} is {value!r}, not the 1, 5 and 15 minute averages")
+    if machine["date"] is not None:
+        try:
+            datetime.datetime.strptime(machine["date"], "%Y-%m-%dT%H:%M:%SZ")
+        except ValueError:
+            errors.append(f"machine.date {machine['date']!r} is not UTC ISO (2026-11-25T14:48:13Z)")
+    return errors
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_script_takes_output(script: Path):
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60,
+                            check=False, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--output" in result.stdout
+    assert "--out " not in result.stdout
+
+
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.name)
+def test_every_result_file_has_the_one_shape(path: Path):
+    assert shape_errors(json.loads(path.read_text())) == []
+
+
+def test_a_fresh_result_file_has_the_one_shape_with_everything_measured(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+
+    def arguments(parser):
+        parser.add_argument("--repeats", type=int, default=3)
+
+    bench = common.Bench("Something measured.\n\nMore about it.", tmp_path / "default.json", arguments,
+                         argv=["--repeats", "2", "--output", str(tmp_path / "x.json")])
+    assert bench.args.repeats == 2
+    path = bench.write({"rate": 1.5}, {"best": 1.5})
+    record = json.loads(path.read_text())
+    assert path == tmp_path / "x.json"
+    assert shape_errors(record) == []
+    assert record["benchmark"] == "Something measured"
+    assert record["command"].endswith("--repeats 2 --output " + str(tmp_path / "x.json"))
+    assert record["results"] == {"rate": 1.5} and record["summary"] == {"best": 1.5}
+    machine = record["machine"]
+    assert all(machine[key] is not None for key in ("cpus", "memory_gb", "platform", "python", "date"))
+    assert len(machine["loadavg"]["before"]) == len(machine["loadavg"]["after"]) == 3
+    assert bench.previous() == {"rate": 1.5}
+
+
+def test_the_harness_imports_only_the_standard_library_at_the_top():
+    """The peers' virtualenvs (no kuberl, no PyYAML) import bench/common.py too."""
+    import ast
+
+    tree = ast.parse((BENCH / "common.py").read_text())
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = {alias.name.split(".")[0] for node in top if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module.split(".")[0] for node in top if isinstance(node, ast.ImportFrom) and node.module}
+    assert names - {"__future__"} <= set(sys.stdlib_module_names)
