@@ -7,7 +7,7 @@ Autoscaling-v0 / AutoscalingMulti-v0 (default kwargs), with `--envs` copies in t
 one core (the first of its affinity):
   - raw, reference: gymnasium SyncVectorEnv of the per-env env (autoreset SAME_STEP), random legal
     actions: the per-env way a rollout worker could step them;
-  - raw, batched: TicTacToeBatch / AutoscalingBatch, the same actions (tests/test_batched_envs.py
+  - raw, batched: TicTacToeBatch / AutoscalingBatch, the same actions (tests/unit/test_batched_envs.py
     checks they run the same episodes step for step);
   - worker: one RolloutWorker (plain class) on the batched env, `sample_offpolicy` with the DQN
     policy of the env's example job (64 steps per call, new weights every call, as in training);

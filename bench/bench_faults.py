@@ -1,7 +1,7 @@
 """The fault matrix on real containers, as a table: fault, recovered, seconds to recover, env steps lost,
 orphans (bench/results/faults.json).
 
-It runs tests/test_e2e_faults.py (the same code as CI: every fault on a job mid-training on the
+It runs tests/e2e/test_e2e_faults.py (the same code as CI: every fault on a job mid-training on the
 one-node bed of tests/bed/cluster_bed.py), which writes one row per fault when KUBERL_FAULTS_RESULTS
 names a file. A fault whose test fails has no row; the test's output says why.
 
@@ -27,9 +27,9 @@ def main() -> int:
         rows = Path(tmp) / "faults.json"
         env = {**os.environ, "KUBERL_FAULTS_RESULTS": str(rows)}
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                 str(REPO / "tests" / "test_e2e_faults.py")], cwd=REPO, env=env, check=False)
+                                 str(REPO / "tests" / "e2e" / "test_e2e_faults.py")], cwd=REPO, env=env, check=False)
         if not rows.exists():
-            raise SystemExit(f"tests/test_e2e_faults.py wrote no rows (pytest exit {result.returncode})")
+            raise SystemExit(f"tests/e2e/test_e2e_faults.py wrote no rows (pytest exit {result.returncode})")
         data = json.loads(rows.read_text())
     bench.write({"job": data["job"], "faults": data["faults"], "module_seconds": clock.seconds(1)})
     print(f"\n{'fault':<78} {'recovered':>9} {'s to recover':>12} {'steps lost':>10} {'orphans':>7}")

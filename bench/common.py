@@ -95,7 +95,7 @@ def machine(loadavg_before: list[float] | None = None, **extra: Any) -> dict[str
     """The one machine record of a result file, taken when the result is written: cores, memory (GB),
     platform, Python, torch (None where it is not installed), the load average when the run began and
     now, the date (UTC) and the commit. `extra` fields go in as they are, outside the schema that
-    tests/test_bench_harness.py checks: a script's own details belong in its results."""
+    tests/unit/test_bench_harness.py checks: a script's own details belong in its results."""
     return {"cpus": os.cpu_count(), "memory_gb": memory_gb(), "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch_version(),
             "loadavg": {"before": loadavg_before, "after": load_average()}, "date": utc_now(),

@@ -1,4 +1,12 @@
-"""Shared pytest setup: where the repo is, and a fresh job dict to edit per test."""
+"""Shared pytest setup: where the repo is, a fresh job dict to edit per test, and the layers.
+
+Tests live in three folders, one per layer, and carry its marker (`-m unit`, `-m "not e2e"`):
+- unit/: pure code with the venv only, no system packages, no network; `./scripts/test-unit` runs them;
+- integration/: real parts on this machine: kopf against an API server, Ray, training runs, helm,
+  checkov, the venv's own set-up;
+- e2e/: the cluster path on real containers (podman images, the node agent, the operator pod) and a
+  real Prometheus scraping a real run.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 _EXAMPLE = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
+
+
+LAYERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        layer = item.path.parent.name
+        if layer in LAYERS:
+            item.add_marker(getattr(pytest.mark, layer))
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Rank processes for tests/test_ddp.py: torch.multiprocessing spawns these (they import by module name)."""
+"""Rank processes for tests/integration/test_ddp.py: torch.multiprocessing spawns these (they import by module name)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,15 @@ def replay_batches(algo, rows: int) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def update_on(algo, batch: dict[str, torch.Tensor]) -> float:
+    """One DQN/BDQ gradient update on `batch`: the update's replay sample is this batch, whatever its size."""
+    algo.buffer.sample = lambda batch_size, generator: batch
+    try:
+        return algo.update()
+    finally:
+        del algo.buffer.sample  # the buffer's own sample again
+
+
 def train(algo, rank: int, world: int, share: slice | None = None) -> dict[str, torch.Tensor]:
     """UPDATES steps on this rank's share; returns the online network's parameters."""
     if algo.on_policy:
@@ -78,7 +87,7 @@ def train(algo, rank: int, world: int, share: slice | None = None) -> dict[str, 
     else:
         for batch in replay_batches(algo, world * HALF):
             part = share if share is not None else slice(rank * HALF, (rank + 1) * HALF)
-            algo.update({k: v[part] for k, v in batch.items()})
+            update_on(algo, {k: v[part] for k, v in batch.items()})
         net = algo.q
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 

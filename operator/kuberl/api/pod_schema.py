@@ -26,7 +26,7 @@ METADATA_FIELDS = ("labels", "annotations")
 #: Descriptions (their first sentence) are kept down to this depth below the template: `kubectl explain`
 #: shows them for the pod spec's own fields (tolerations, affinity, ...). Deeper ones are cut: the CRD
 #: carries four templates and must stay under the 256 KiB that kubectl's client-side apply can annotate
-#: (tests/test_pod_templates.py measures it; Kubernetes' full descriptions would make it ~1 MiB).
+#: (tests/unit/test_pod_templates.py measures it; Kubernetes' full descriptions would make it ~1 MiB).
 DESCRIPTION_DEPTH = 2
 _INT_OR_STRING = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
 _KEPT = ("description", "type", "format", "enum", "required")

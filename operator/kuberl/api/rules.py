@@ -3,7 +3,7 @@
 A `Rule` is written next to the fields it relates, in the model class's `RULES`. The class's JSON schema
 carries it as an `x-kubernetes-validations` entry (so a real API server refuses a bad job at `kubectl
 apply`), and the model runs its `holds` predicate after the fields are parsed (so `kuberl validate`, the
-operator and the learner refuse the same job), both with the one message (the model's adds the values). tests/test_cel_rules.py
+operator and the learner refuse the same job), both with the one message (the model's adds the values). tests/unit/test_cel_rules.py
 evaluates every CEL rule of the CRD with cel-python and holds the two to the same answer.
 
 CEL here is base CEL with regexes: the chart supports Kubernetes 1.27, whose CRD rules lack the quantity

@@ -17,7 +17,6 @@ from bed.cluster_bed import OPERATOR_IMAGE, require_podman_and_images
 from bed.k8s_emulator import EmulatedCluster, KubernetesApiEmulator
 from bed.node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
 
-pytestmark = [pytest.mark.e2e]
 
 IMAGE = OPERATOR_IMAGE
 NS = "node-test"

@@ -20,10 +20,10 @@ from bed.cluster_bed import bed_for_tests
 from bed.node_agent import wait_until
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_operator_integration import NS as EMULATOR_NS
-from test_operator_integration import cluster, start_operator  # noqa: F401 (fixtures)
+from integration.test_operator_integration import NS as EMULATOR_NS
+from integration.test_operator_integration import cluster, start_operator  # noqa: F401 (fixtures)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NS = "ml-many"
 
 
@@ -48,7 +48,6 @@ def small_job(name: str, max_env_steps: int) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.e2e
 def test_three_real_jobs_at_once_each_with_its_own_status_metrics_and_checkpoints(bed):
     # Different lengths, so that a counter read from the wrong job's learner would show.
     jobs = {"many-a": 40_000, "many-b": 60_000, "many-c": 80_000}

@@ -26,10 +26,10 @@ import yaml
 from bed.cluster_bed import OneNodeCluster, bed_for_tests
 from bed.node_agent import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NS = "ml-jobs"
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from kuberl.trainer.serving.export import ExportError, export, greedy_module
 from kuberl.trainer.serving.server import create_app, load_policy
 from kuberl.trainer.spaces import flatten_obs, space_info
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N_STATES = 1_000
 
 

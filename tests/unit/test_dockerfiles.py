@@ -299,6 +299,6 @@ def test_every_copied_source_is_in_the_build_context(name):
 def test_dockerignore_keeps_local_state_out_of_the_context():
     patterns = _dockerignore()
     for path in [".venv/bin/python", ".git/HEAD", "runs/job/ckpt.pt", ".tools/helm/helm",
-                 "bench/.venvs/trainer/bin/python", "tests/test_chart.py", "charts/kuberl-operator/Chart.yaml",
+                 "bench/.venvs/trainer/bin/python", "tests/integration/test_chart.py", "charts/kuberl-operator/Chart.yaml",
                  "operator/kuberl/operator/__pycache__/main.cpython-311.pyc"]:
         assert dockerignore_excludes(path, patterns), f"{path} would be sent to the Docker daemon"

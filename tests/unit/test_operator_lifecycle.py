@@ -13,7 +13,7 @@ from kuberl.api.job import Phase, Progress, RLTrainingJob, RLTrainingJobStatus
 from kuberl.api.load import InvalidJob, parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.operator import builders, lifecycle
-from kuberl.operator import status as st_
+from kuberl.operator import status as job_status
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.lifecycle import JobMeta
 from kuberl.operator.names import Component
@@ -45,7 +45,7 @@ class Sim:
             except InvalidJob:
                 return None, err.problems  # not even the schema holds (no API-server validation)
 
-    def step(self, *, seconds: float = 1, report: st_.LearnerReport | None = None) -> lifecycle.Plan:
+    def step(self, *, seconds: float = 1, report: job_status.LearnerReport | None = None) -> lifecycle.Plan:
         self.now += timedelta(seconds=seconds)
         job, problems = self.job()
         views = [PodView.from_pod(p, UID) for p in self.pods.values()]
@@ -85,7 +85,7 @@ class Sim:
         return Phase(self.status.phase)
 
     def condition(self, type_: str):
-        return st_.get_condition(self.status, type_)
+        return job_status.get_condition(self.status, type_)
 
     def names(self) -> list[str]:
         return sorted(self.pods)
@@ -132,10 +132,10 @@ def test_new_job_creates_head_learner_and_workers_then_runs(sim):
 
 def test_a_steady_pass_changes_nothing(sim):
     running(sim)
-    before = st_.dump(sim.status)
+    before = job_status.dump(sim.status)
     plan = sim.step(seconds=30)
     assert not plan.acted and not plan.events
-    assert st_.dump(plan.status) == before  # lastTransitionTime does not move without a transition
+    assert job_status.dump(plan.status) == before  # lastTransitionTime does not move without a transition
 
 
 def test_invalid_spec_fails_with_the_field_and_creates_nothing(sim):
@@ -308,7 +308,7 @@ def test_pods_of_an_older_ray_epoch_are_recycled(sim):
 
 def test_learner_exit_0_succeeds_cleans_up_and_keeps_progress(sim):
     running(sim)
-    report = st_.LearnerReport(Progress(episodes=500, env_steps=40_000, mean_return=480.5), T0, True)
+    report = job_status.LearnerReport(Progress(episodes=500, env_steps=40_000, mean_return=480.5), T0, True)
     sim.step(report=report)
     sim.set("cartpole-ppo-learner", "Succeeded")
     plan = sim.step()
@@ -325,12 +325,14 @@ def test_learner_exit_0_succeeds_cleans_up_and_keeps_progress(sim):
 
 def test_a_restarted_learner_that_has_not_iterated_yet_does_not_send_progress_backwards(sim):
     running(sim)
-    sim.step(report=st_.LearnerReport(Progress(episodes=300, env_steps=53_248, iterations=52), T0, False))
+    sim.step(report=job_status.LearnerReport(
+        Progress(episodes=300, env_steps=53_248, iterations=52), T0, False))
     # The new learner serves /metrics while it starts Ray and restores its checkpoint: zeros until then.
-    sim.step(report=st_.LearnerReport(Progress(), None, False))
+    sim.step(report=job_status.LearnerReport(Progress(), None, False))
     assert sim.status.progress.env_steps == 53_248 and sim.status.progress.iterations == 52
     # Its first iteration continues from the checkpoint's counters: those are reported.
-    sim.step(report=st_.LearnerReport(Progress(episodes=310, env_steps=54_272, iterations=53), T0, False))
+    sim.step(report=job_status.LearnerReport(
+        Progress(episodes=310, env_steps=54_272, iterations=53), T0, False))
     assert sim.status.progress.env_steps == 54_272
 
 
@@ -399,7 +401,7 @@ def test_pods_of_another_owner_or_terminating_block_creation(sim):
 def test_progress_report_goes_into_status(sim):
     running(sim)
     checkpoint = T0 + timedelta(minutes=3)
-    sim.step(report=st_.LearnerReport(Progress(episodes=12, env_steps=3400, episodes_per_second=2.5,
+    sim.step(report=job_status.LearnerReport(Progress(episodes=12, env_steps=3400, episodes_per_second=2.5,
                                                env_steps_per_second=700.0, wall_clock_seconds=12.0,
                                                gradient_updates=40, iterations=5), checkpoint, False))
     assert sim.status.progress.env_steps == 3400 and sim.status.progress.episodes_per_second == 2.5

@@ -2,14 +2,15 @@
 seeds, step for step (autoreset, final_obs / final_info and per-copy seeding included); and a rollout
 worker's vectorised evaluation equals the one-env-at-a-time one. Tic-Tac-Toe's and the autoscaling
 envs' two versions run one implementation of the rules (tictactoe_games.py, autoscaling_service.py);
-tests/test_golden_envs.py holds both to the episodes recorded before they did."""
+tests/unit/test_golden_envs.py holds both to the episodes recorded before they did."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from kuberl.trainer.envs.batched import CartPoleBatch, make_batched
-from kuberl.trainer.rollout import RolloutWorker, make_vector_env
+from kuberl.trainer.rollout import RolloutWorker, make_env, make_vector_env
+from kuberl.trainer.spaces import flatten_obs
 
 
 def _compare(reference, batched, seeds, steps: int, n: int, seed: int = 0) -> int:
@@ -58,6 +59,40 @@ def test_unknown_kwargs_fall_back_to_the_reference():
     assert make_batched("Acrobot-v1", {}, 2, None) is None
 
 
+def _batch_of_one(raw):
+    """One env's observation as a vector env's batch of one (a Dict observation: each part)."""
+    if isinstance(raw, dict):
+        return {k: np.asarray(v)[None] for k, v in raw.items()}
+    return np.asarray(raw)[None]
+
+
+def sequential_greedy_episodes(worker: RolloutWorker, seeds: list[int]) -> dict[str, list]:
+    """The reference for `RolloutWorker.evaluate` (after it loaded its weights): one env, one seed after
+    another, one greedy action at a time. Discrete actions only."""
+    evaluator = worker.evaluator
+    env = make_env(evaluator.env_id, evaluator.env_kwargs, evaluator.max_episode_steps)
+    n_actions = worker.info.action_dims[0]
+    returns, lengths = [], []
+    try:
+        for seed in seeds:
+            raw, info = env.reset(seed=seed)
+            total, steps, done = 0.0, 0, False
+            while not done:
+                obs = flatten_obs(env.observation_space, _batch_of_one(raw), 1)
+                mask = info.get("action_mask")
+                mask = None if mask is None else np.asarray(mask, bool).reshape(1, n_actions)
+                action = worker.policy.greedy(obs, mask)[0]
+                raw, reward, terminated, truncated, info = env.step(int(action))
+                total += float(reward)
+                steps += 1
+                done = terminated or truncated
+            returns.append(total)
+            lengths.append(steps)
+    finally:
+        env.close()
+    return {"returns": returns, "lengths": lengths}
+
+
 def test_vectorised_evaluation_equals_sequential_reference():
     policy = {"kind": "ppo", "n_layers": 2, "activation": "tanh"}
     worker = RolloutWorker("CartPole-v1", {}, num_envs=4, seed=1, policy=policy)
@@ -68,7 +103,7 @@ def test_vectorised_evaluation_equals_sequential_reference():
     params = {name: rng.normal(0, 0.7, size=value.shape).astype(np.float32) for name, value in shapes.items()}
     seeds = list(range(100, 130))
     vectorised = worker.evaluate(params, 1, seeds)
-    sequential = worker.evaluate_sequential(params, 1, seeds)
+    sequential = sequential_greedy_episodes(worker, seeds)
     assert vectorised["lengths"] == sequential["lengths"]
     np.testing.assert_allclose(vectorised["returns"], sequential["returns"])
 

@@ -228,7 +228,7 @@ def test_checkpoint_keeps_the_head_its_pairs_and_where_the_pairs_file_was_read_t
     pairs.parent.mkdir()
     pairs.write_text('{"a": "gone-a", "b": "gone-b", "prefer": "a"}\n')
     algo.preference.ingest([])
-    assert algo.preference.people.counts["rejected"] == 1
+    assert algo.preference.human_pairs.counts["rejected"] == 1
     state = algo.state_dict()
 
     resumed = _bdq(pref, 5, 1000)
@@ -238,4 +238,4 @@ def test_checkpoint_keeps_the_head_its_pairs_and_where_the_pairs_file_was_read_t
         torch.testing.assert_close(resumed.preference.head.state_dict()[name], p)
     assert resumed.preference.train.size + resumed.preference.held_out.size == 6
     resumed.preference.ingest([])
-    assert resumed.preference.people.counts["rejected"] == 1  # the line is not read (and rejected) again
+    assert resumed.preference.human_pairs.counts["rejected"] == 1  # the line is not read (and rejected) again

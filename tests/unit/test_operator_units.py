@@ -13,9 +13,10 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from kuberl.api.job import RLTrainingJobStatus
 from kuberl.operator import main as operator_main
 from kuberl.operator import rbac
-from kuberl.operator import status as st_
+from kuberl.operator import status as job_status
 from kuberl.operator.metrics import METRICS, OperatorMetrics
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from prometheus_client import generate_latest
@@ -128,7 +129,8 @@ def test_progress_is_read_from_the_learners_real_metrics():
     learner.inc("kuberl_gradient_updates_total", 96)
     learner.inc("kuberl_iterations_total", 6)
     learner.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
-    report = st_.parse_learner_metrics(generate_latest(learner.registry).decode(), job_name="cartpole-ppo")
+    text = generate_latest(learner.registry).decode()
+    report = job_status.parse_learner_metrics(text, job_name="cartpole-ppo")
     p = report.progress
     assert (p.episodes, p.env_steps, p.gradient_updates, p.iterations) == (321, 45_000, 96, 6)
     assert (p.episodes_per_second, p.env_steps_per_second, p.wall_clock_seconds) == (12.5, 1800.0, 25.0)
@@ -136,6 +138,30 @@ def test_progress_is_read_from_the_learners_real_metrics():
     assert report.last_checkpoint_time.timestamp() == 1_700_000_000
     assert report.finished is False
     assert report.evaluation is None  # gauges before the learner finished are not results
+
+
+def test_status_numbers_are_rounded_for_a_person():
+    """`kubectl get rltj` shows rates to 0.1 and returns to 0.1 or 3 significant figures; the learner's
+    metrics keep every digit."""
+    learner = LearnerMetrics(JobLabels("autoscaling-dqn", "rl", "DQN", "kuberl/Autoscaling-v0"))
+    learner.inc("kuberl_episodes_total", 1234)
+    learner.inc("kuberl_iterations_total", 6)
+    learner.set("kuberl_episodes_per_second", 311.8905519378761)
+    learner.set("kuberl_env_steps_per_second", 62378.11038757522)
+    learner.set("kuberl_episode_return_mean", -207.77500000000003)
+    learner.set("kuberl_training_wall_clock_seconds", 61.23456)
+    learner.set("kuberl_evaluation_return_mean", 0.93456)
+    learner.set_win_rate("vs-random-first", 0.98765)
+    learner.set("kuberl_job_finished", 1)
+    text = generate_latest(learner.registry).decode()
+    assert "kuberl_episodes_per_second" in text and "311.8905519378761" in text
+    report = job_status.parse_learner_metrics(text, job_name="autoscaling-dqn")
+    status = job_status.dump(RLTrainingJobStatus(progress=report.progress, evaluation=report.evaluation))
+    assert status["progress"] == {
+        "episodes": 1234, "envSteps": 0, "episodesPerSecond": 311.9, "envStepsPerSecond": 62378.1,
+        "meanReturn": -207.8, "wallClockSeconds": 61.2, "gradientUpdates": 0, "iterations": 6}
+    assert status["evaluation"] == {
+        "deterministic": {"meanReturn": 0.935}, "vs-random-first": {"winRate": 0.988}}
 
 
 def test_checkpoint_name_and_final_evaluation_reach_the_status():
@@ -146,7 +172,7 @@ def test_checkpoint_name_and_final_evaluation_reach_the_status():
     learner.set("kuberl_evaluation_return_mean", 0.93)
     learner.set_win_rate("vs-random-first", 0.99)
     learner.set("kuberl_job_finished", 1)
-    report = st_.parse_learner_metrics(generate_latest(learner.registry).decode(), job_name="ttt")
+    report = job_status.parse_learner_metrics(generate_latest(learner.registry).decode(), job_name="ttt")
     assert report.last_checkpoint == "ckpt-000000042.pt"
     assert report.evaluation == {"deterministic": {"meanReturn": 0.93}, "vs-random-first": {"winRate": 0.99}}
 
@@ -154,13 +180,13 @@ def test_checkpoint_name_and_final_evaluation_reach_the_status():
 def test_no_checkpoint_yet_and_nan_return_are_left_empty():
     learner = LearnerMetrics(JobLabels("j", "ns", "DQN", "CartPole-v1"))
     learner.set("kuberl_episode_return_mean", math.nan)
-    report = st_.parse_learner_metrics(generate_latest(learner.registry).decode())
+    report = job_status.parse_learner_metrics(generate_latest(learner.registry).decode())
     assert report.last_checkpoint_time is None and report.progress.mean_return is None
 
 
 def test_a_page_without_kuberl_metrics_is_refused():
     with pytest.raises(ValueError, match="no kuberl_"):
-        st_.parse_learner_metrics("# HELP up x\n# TYPE up gauge\nup 1\n")
+        job_status.parse_learner_metrics("# HELP up x\n# TYPE up gauge\nup 1\n")
 
 
 # ---- command line and imports ----------------------------------------------------------------------
