@@ -15,7 +15,8 @@ from kuberl.api.rules import schema_entries
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
-    {"name": "Workers", "type": "string", "jsonPath": ".status.workers", "description": "Rollout workers ready/desired."},
+    {"name": "Workers", "type": "string", "jsonPath": ".status.workers",
+     "description": "Rollout workers ready/desired."},
     {"name": "Episodes", "type": "integer", "jsonPath": ".status.progress.episodes",
      "description": "Training episodes finished."},
     {"name": "Episodes/s", "type": "number", "jsonPath": ".status.progress.episodesPerSecond",

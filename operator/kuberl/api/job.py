@@ -83,11 +83,13 @@ def _json_values(value: dict[str, Any]) -> dict[str, Any]:
 JsonObject = Annotated[dict[str, Any], AfterValidator(_json_values)]
 
 
-def PodTemplate(role: str) -> Any:  # a type, spelled as one
+def _template_check(role: str) -> AfterValidator:
     """spec.<role>.template: Kubernetes' PodTemplateSpec (its schema in the CRD), checked and merged by
     kuberl.api.pod_template."""
-    return Annotated[dict[str, Any] | None, AfterValidator(lambda v: v if v is None else pod_template.check(v, role)),
-                     WithJsonSchema(pod_schema.schema())]
+    return AfterValidator(lambda v: v if v is None else pod_template.check(v, role))
+
+
+_TEMPLATE_SCHEMA = WithJsonSchema(pod_schema.schema())
 
 
 def _template_field(role: str) -> Any:
@@ -142,7 +144,7 @@ RESOURCES_RULES = (
          lambda r: not any(n.startswith(kube.HUGEPAGES_PREFIX) for n in (*r.requests, *r.limits))
          or bool({*r.requests, *r.limits} & {"cpu", "memory"})),
 )
-NODE_SELECTOR_RULES = [
+NODE_SELECTOR_RULES: list[Any] = [
     {"rule": f"self.all(k, k.matches('{kube.QUALIFIED_NAME_PATTERN}'))",
      "message": "node selector keys must be label keys: an optional DNS-subdomain prefix and '/', then at most "
                 "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"},
@@ -289,7 +291,8 @@ PREFERENCE_CONFIGMAP_MOUNT = "/etc/kuberl/preferences"
 
 class OverloadSpec(_Model):
     utilisation_above: float = Field(
-        default=0.9, gt=0, le=10, description="A step counts as overloaded when the env's info utilisation exceeds this."
+        default=0.9, gt=0, le=10,
+        description="A step counts as overloaded when the env's info utilisation exceeds this."
     )
     weight: float = Field(default=1.0, ge=0, le=1000, description="Weight of one overloaded step.")
 
@@ -403,12 +406,13 @@ class AlgorithmSpec(_Model):
     )
 
     def hyperparameters(self) -> PPOConfig | DQNConfig | BDQConfig | QLearningConfig:
-        return {
+        by_name: dict[AlgorithmName, PPOConfig | DQNConfig | BDQConfig | QLearningConfig] = {
             AlgorithmName.PPO: self.ppo,
             AlgorithmName.DQN: self.dqn,
             AlgorithmName.BDQ: self.bdq,
             AlgorithmName.QLEARNING: self.q_learning,
-        }[self.name]
+        }
+        return by_name[self.name]
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,16 +460,16 @@ class Resources(_Model):
             if kube.is_extended_resource(name) and value.denominator != 1:
                 problems.append(f"requests.{name} {request!r} must be a whole number (extended resources come "
                                 "in whole units)")
-            limit = self.limits.get(name)
+            its_limit = self.limits.get(name)
             overcommit = not (kube.is_extended_resource(name) or name.startswith(kube.HUGEPAGES_PREFIX))
-            if limit is None:
+            if its_limit is None:
                 continue  # RULES: an extended resource or hugepages request needs a limit
-            if not overcommit and value != kube.parse_quantity(limit):
-                problems.append(f"requests.{name} {request!r} must equal limits.{name} {limit!r}: extended "
+            if not overcommit and value != kube.parse_quantity(its_limit):
+                problems.append(f"requests.{name} {request!r} must equal limits.{name} {its_limit!r}: extended "
                                 "resources and hugepages cannot be overcommitted")
-            elif value > kube.parse_quantity(limit):
+            elif value > kube.parse_quantity(its_limit):
                 problems.append(f"requests.{name} {request!r} must be less than or equal to limits.{name} "
-                                f"{limit!r}")
+                                f"{its_limit!r}")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -485,7 +489,8 @@ class RolloutWorkersSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for worker pods.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
-    template: PodTemplate("rolloutWorkers") = _template_field("rolloutWorkers")
+    template: Annotated[dict[str, Any] | None, _template_check("rolloutWorkers"), _TEMPLATE_SCHEMA] = (
+        _template_field("rolloutWorkers"))
 
 
 class Device(str, enum.Enum):
@@ -509,7 +514,8 @@ class LearnerSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for the learner pod.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
-    template: PodTemplate("learner") = _template_field("learner")
+    template: Annotated[dict[str, Any] | None, _template_check("learner"), _TEMPLATE_SCHEMA] = (
+        _template_field("learner"))
     threads: int | None = Field(
         default=None, ge=1, le=256, description="torch intra-op threads on the learner (default: torch's)."
     )
@@ -523,7 +529,8 @@ class HeadSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for the head pod.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
-    template: PodTemplate("head") = _template_field("head")
+    template: Annotated[dict[str, Any] | None, _template_check("head"), _TEMPLATE_SCHEMA] = (
+        _template_field("head"))
 
 
 class CollectionMode(str, enum.Enum):
@@ -635,16 +642,18 @@ class EvaluationSpec(_Model):
 
 
 NOT_A_RAY_PORT = Rule(
-    f"!(self in {sorted(kube.RAY_PORTS)} || (self >= {kube.RAY_WORKER_PORTS[0]} && self <= {kube.RAY_WORKER_PORTS[1]}))",
+    f"!(self in {sorted(kube.RAY_PORTS)} || "
+    f"(self >= {kube.RAY_WORKER_PORTS[0]} && self <= {kube.RAY_WORKER_PORTS[1]}))",
     "must not be one of Ray's ports in the job's pods: "
     + ", ".join(f"{p} ({what})" for p, what in kube.RAY_PORTS.items())
     + f", {kube.RAY_WORKER_PORTS[0]}-{kube.RAY_WORKER_PORTS[1]} (Ray workers); 0 is the default 8080",
     lambda port: not kube.is_ray_port(port), kube.ray_port_use)
+_RAY_PORT_CHECK, _RAY_PORT_SCHEMA = on_field(NOT_A_RAY_PORT)
 
 
 class MetricsSpec(_Model):
     enabled: bool = Field(default=True, description="Serve Prometheus /metrics from the learner.")
-    port: Annotated[int, *on_field(NOT_A_RAY_PORT)] = Field(
+    port: Annotated[int, _RAY_PORT_CHECK, _RAY_PORT_SCHEMA] = Field(
         default=8080, ge=0, le=65535, description="Metrics port (0 picks a free one locally).")
 
 
@@ -669,7 +678,8 @@ class ServingSpec(_Model):
     node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=NODE_SELECTOR_MAX, description="Node selector for serving pods.",
         json_schema_extra={"x-kubernetes-validations": NODE_SELECTOR_RULES})
-    template: PodTemplate("serving") = _template_field("serving")
+    template: Annotated[dict[str, Any] | None, _template_check("serving"), _TEMPLATE_SCHEMA] = (
+        _template_field("serving"))
 
 
 SERVING_NEEDS_CLAIM = ("serving needs checkpointing.volume.claimName: the serving pods read the policy from "
@@ -722,7 +732,9 @@ class RLTrainingJobSpec(_Model):
     ttl_seconds_after_finished: int | None = Field(
         default=None, ge=0, description="Delete the job this long after it succeeds or fails."
     )
-    backoff_limit: int = Field(default=3, ge=0, le=100, description="Restarts of the learner and of the Ray head, counted together, before the job fails.")
+    backoff_limit: int = Field(
+        default=3, ge=0, le=100,
+        description="Restarts of the learner and of the Ray head, counted together, before the job fails.")
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has been active longer than this."
     )

@@ -23,8 +23,9 @@ _SIGNED_QUANTITY = re.compile(
     r"^(?P<sign>[+-]?)(?P<num>([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(?P<suffix>([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
 )
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1, "k": 10**3,
+_BINARY: dict[str, Fraction | int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL: dict[str, Fraction | int] = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+                                       "": 1, "k": 10**3,
             "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 QUANTITY_EXAMPLES = "e.g. 500m, 2, 1.5, 512Mi, 4Gi, 1e3 (suffixes n u m k M G T P E, Ki Mi Gi Ti Pi Ei)"
 QUANTITY_MAX_LENGTH = 64

@@ -456,10 +456,10 @@ def load_job_text(text: str, source: str = "job", overrides: tuple[Override, ...
                                   line=line, has_value=False)], source) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
-        line = mark.line + 1 if mark else None
+        at_line = mark.line + 1 if mark else None
         raise InvalidJob([Problem("<yaml>", f"YAML syntax error: {err.problem or err}"
-                                  + (f" (line {line}, column {mark.column + 1})" if mark else ""),
-                                  line=line, has_value=False)], source) from None
+                                  + (f" (line {at_line}, column {mark.column + 1})" if mark else ""),
+                                  line=at_line, has_value=False)], source) from None
     except yaml.YAMLError as err:
         raise InvalidJob([Problem("<yaml>", f"YAML error: {err}", has_value=False)], source) from None
     if len(docs) != 1:

@@ -49,6 +49,7 @@ def generate() -> dict[str, Any]:
 
 
 def _structural(schema: dict[str, Any], defs: dict[str, Any], depth: int, seen: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any]
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
         if name in seen:

@@ -83,7 +83,8 @@ def _baseline(pod: dict[str, Any], level: str) -> list[Violation]:
     out += _selinux(("spec", "securityContext"), pod_sc)
     out += _apparmor(("spec", "securityContext"), pod_sc)
     for key, value in ((pod.get("metadata") or {}).get("annotations") or {}).items():
-        if key.startswith(APPARMOR_ANNOTATION_PREFIX) and value != "runtime/default" and not str(value).startswith("localhost/"):
+        allowed = value == "runtime/default" or str(value).startswith("localhost/")
+        if key.startswith(APPARMOR_ANNOTATION_PREFIX) and not allowed:
             out.append((("metadata", "annotations", key), "AppArmor must be runtime/default or localhost/<profile>"))
     for i, volume in enumerate(spec.get("volumes") or []):
         if "hostPath" in volume:
@@ -130,7 +131,8 @@ def _restricted(spec: dict[str, Any]) -> list[Violation]:
         at = (*where, "securityContext")
         if sc.get("allowPrivilegeEscalation") is not False:
             out.append(((*at, "allowPrivilegeEscalation"), "must be false"))
-        if sc.get("runAsNonRoot") is False or (sc.get("runAsNonRoot") is None and pod_sc.get("runAsNonRoot") is not True):
+        inherits_root = sc.get("runAsNonRoot") is None and pod_sc.get("runAsNonRoot") is not True
+        if sc.get("runAsNonRoot") is False or inherits_root:
             out.append(((*at, "runAsNonRoot"), "must be true (here or in the pod's securityContext)"))
         if sc.get("runAsUser") == 0:
             out.append(((*at, "runAsUser"), "must not be 0 (root)"))

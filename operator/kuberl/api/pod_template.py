@@ -32,7 +32,8 @@ WAIT_FOR_HEAD = "wait-for-head"
 # ---- what the operator owns ---------------------------------------------------------------------
 
 #: Every pod the operator builds meets Pod Security "restricted": non-root, no privilege escalation, no
-#: capabilities, RuntimeDefault seccomp. The trainer image runs as uid 1000; fsGroup makes a checkpoint PVC writable by it.
+#: capabilities, RuntimeDefault seccomp. The trainer image runs as uid 1000; fsGroup makes a checkpoint PVC
+#: writable by it.
 POD_SECURITY_CONTEXT: dict[str, Any] = {
     "runAsNonRoot": True,
     "runAsUser": 1000,
@@ -138,7 +139,8 @@ def owned_problems(template: dict[str, Any], role: str) -> list[tuple[tuple, str
             out.append((("metadata", "labels", key), KUEUE_OWNED))
     for key in meta.get("annotations") or {}:
         if key in OWNED_ANNOTATIONS:
-            out.append((("metadata", "annotations", key), "is the operator's: it tells Prometheus where the metrics are"))
+            out.append((("metadata", "annotations", key),
+                        "is the operator's: it tells Prometheus where the metrics are"))
         elif key.startswith(OWNED_LABEL_PREFIX):
             out.append((("metadata", "annotations", key), "is the operator's: it records how it runs the pod"))
         elif key.startswith(KUEUE_PREFIX):
@@ -155,7 +157,8 @@ def owned_problems(template: dict[str, Any], role: str) -> list[tuple[tuple, str
     main = MAIN_CONTAINERS[role]
     for i, container in enumerate(spec.get("initContainers") or []):
         if container["name"] in (WAIT_FOR_HEAD, main):
-            out.append((("spec", "initContainers", i, "name"), f"{container['name']!r} is a container of the operator's"))
+            out.append((("spec", "initContainers", i, "name"),
+                        f"{container['name']!r} is a container of the operator's"))
     for i, container in enumerate(spec.get("containers") or []):
         where = ("spec", "containers", i)
         if container["name"] == WAIT_FOR_HEAD:

@@ -3,8 +3,9 @@
 A `Rule` is written next to the fields it relates, in the model class's `RULES`. The class's JSON schema
 carries it as an `x-kubernetes-validations` entry (so a real API server refuses a bad job at `kubectl
 apply`), and the model runs its `holds` predicate after the fields are parsed (so `kuberl validate`, the
-operator and the learner refuse the same job), both with the one message (the model's adds the values). tests/unit/test_cel_rules.py
-evaluates every CEL rule of the CRD with cel-python and holds the two to the same answer.
+operator and the learner refuse the same job), both with the one message (the model's adds the values).
+tests/unit/test_cel_rules.py evaluates every CEL rule of the CRD with cel-python and holds the two to the same
+answer.
 
 CEL here is base CEL with regexes: the chart supports Kubernetes 1.27, whose CRD rules lack the quantity
 library and `fieldPath`, so each message names its fields itself.
@@ -53,4 +54,5 @@ def on_field(*rules: Rule) -> tuple[Any, Any]:
             raise ValueError("; ".join(problems))
         return value
 
-    return AfterValidator(check), Field(json_schema_extra={"x-kubernetes-validations": schema_entries(rules)})
+    extra: dict[str, Any] = {"x-kubernetes-validations": schema_entries(rules)}
+    return AfterValidator(check), Field(json_schema_extra=extra)

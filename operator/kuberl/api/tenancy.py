@@ -142,7 +142,7 @@ def _service_account_problems(template: dict[str, Any], allowance: Allowance) ->
     spec = template.get("spec") or {}
     allowed = sorted(allowance.service_accounts)
     allowed_text = f"allowed here: {', '.join(allowed)}" if allowed else "none is allowed here"
-    out = []
+    out: list[tuple[tuple, str]] = []
     named = None
     for key in _SERVICE_ACCOUNT_FIELDS:
         if key in spec:

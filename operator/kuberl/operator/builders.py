@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+
 from kuberl.api import kube, pod_template
-from kuberl.api.pod_template import CONTAINER_SECURITY_CONTEXT
 from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, AlgorithmName, Resources, RLTrainingJob
 from kuberl.api.learner_slots import extra_learners, learner_slots
+from kuberl.api.pod_template import CONTAINER_SECURITY_CONTEXT
 from kuberl.api.rollout_slots import rollout_slots
 from kuberl.operator import names
 from kuberl.operator.names import Component
@@ -377,7 +378,8 @@ def learner_pods(job: RLTrainingJob) -> int:
     return 1 + extra_learners(job.spec.learner.replicas)
 
 
-def build_learner_replica_pod(job: RLTrainingJob, options: BuildOptions, rank: int, *, epoch: int = 0) -> dict[str, Any]:
+def build_learner_replica_pod(job: RLTrainingJob, options: BuildOptions, rank: int, *,
+                              epoch: int = 0) -> dict[str, Any]:
     """Data-parallel learner `rank` >= 1: a Ray node offering one `learner_slot` and no CPUs to rollout
     actors, with the learner's resources (a GPU when they ask for one). Rank 0 starts the learner actor
     on it; the actor joins rank 0's process group (its ports: the job's NetworkPolicy, like Ray's)."""
@@ -558,7 +560,7 @@ def build_services(job: RLTrainingJob, options: BuildOptions) -> list[dict[str, 
     return out
 
 
-def adopt(manifests: list[dict[str, Any]], owner: dict[str, Any]) -> list[dict[str, Any]]:
+def adopt(manifests: list[dict[str, Any]], owner: kopf.Body | dict[str, Any]) -> list[dict[str, Any]]:
     """Give children an ownerReference to the job (garbage-collected with it); returns them."""
-    kopf.adopt(manifests, owner=owner)
+    kopf.adopt(manifests, owner=owner)  # type: ignore[arg-type]  # kopf reads a plain dict as a body
     return manifests

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import kopf
 import urllib3
+
 from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
 from kuberl.api.semantics import check_registered
@@ -174,7 +175,7 @@ class ChildWriter:
 
     async def _create(self, manifests: list[dict[str, Any]], out: Applied) -> None:
         results = await asyncio.gather(*(self.runtime.kube.create(m) for m in manifests), return_exceptions=True)
-        for manifest, result in zip(manifests, results):
+        for manifest, result in zip(manifests, results, strict=True):
             name = manifest["metadata"]["name"]
             what = f"{manifest['kind']} {name}"
             if isinstance(result, ApiError) and result.status == 409:
@@ -399,12 +400,12 @@ def count(runtime: Runtime, job_key: str, plan: Plan, before: Phase) -> None:
 
 
 async def reconcile_job(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf.Memo,
-                        logger: logging.Logger, **_: Any) -> None:
+                        logger: logging.Logger | logging.LoggerAdapter, **_: Any) -> None:
     """The job's reconcile loop, for as long as the job exists."""
     await JobLoop(memo.runtime, body, logger).run(stopped)
 
 
-async def job_changed(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def job_changed(body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Wake the job's loop when its spec changed or it is being deleted (its own status writes do not)."""
     runtime: Runtime = memo.runtime
     seen = runtime.seen_specs.get((namespace, name))
@@ -412,7 +413,7 @@ async def job_changed(body: kopf.Body, name: str, namespace: str, memo: kopf.Mem
         runtime.poke(namespace, name)
 
 
-async def pod_changed(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def pod_changed(labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A child pod changed (scheduled, started, ready, failed, deleted): wake its job's loop."""
     job_name = labels.get(names.JOB_NAME_LABEL)
     if job_name:

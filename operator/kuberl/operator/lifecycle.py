@@ -25,6 +25,7 @@ What each phase does:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -453,7 +454,7 @@ def _create_missing(pass_: _Pass, job: RLTrainingJob, desired: int) -> None:
     for index in range(desired):
         if index not in pass_.worker_pods:
             wanted.append((names.worker_pod(pass_.meta.name, index),
-                           lambda i=index: builders.build_worker_pod(job, pass_.options, i, epoch=epoch)))
+                           functools.partial(builders.build_worker_pod, job, pass_.options, index, epoch=epoch)))
     for name, build in wanted:
         if name not in pass_.blocked:
             pass_.plan.create.append(kueue.enroll(build(), job, epoch))
@@ -501,7 +502,8 @@ def _observe(pass_: _Pass, job: RLTrainingJob) -> None:
     head, learner = pass_.head_pod, pass_.learner_pod
     head_up = head is not None and head.phase == "Running" and head.name not in deleting
     learner_up = learner is not None and learner.phase == "Running" and learner.name not in deleting
-    all_up = head_up and learner_up and head.ready and learner.ready and ready == desired
+    all_up = (head_up and learner_up and head is not None and learner is not None and head.ready and learner.ready
+              and ready == desired)
     if pass_.phase in (Phase.PENDING, Phase.STARTING) and all_up:
         pass_.status.phase = Phase.RUNNING
     replaced_now = any(e.reason in ("WorkerReplaced", "LearnerRestarted") for e in pass_.plan.events)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as _Tally
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from kuberl.api.job import Phase
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 #: name -> (type, help). Names as scraped (counters end in _total).
 METRICS: dict[str, tuple[str, str]] = {
@@ -58,7 +60,7 @@ class OperatorMetrics:
             self.jobs.labels(phase.value).set(0)
         self._phases: dict[str, str] = {}
         self._lock = threading.Lock()
-        self.server = None
+        self.server: Any = None
 
     def job_phase(self, uid: str, phase: str | None) -> None:
         """Record a job's current phase (None: the job is gone) and recount the jobs gauge."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from kuberl.api.job import GROUP, PLURAL
 
 #: Rules on namespaced resources: granted cluster-wide (ClusterRole) or in one namespace (Role).

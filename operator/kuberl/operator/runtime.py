@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import kubernetes
+
 from kuberl.api.job import GROUP, PLURAL, VERSION, RLTrainingJob
 from kuberl.api.tenancy import Tenancy
 from kuberl.operator import builders
@@ -141,7 +142,7 @@ class Kube:
         await self._call(fn, namespace, manifest, parse=False)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        body = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if uid:
             body["preconditions"] = {"uid": uid}
         await self._call(self.core.delete_namespaced_pod, name, namespace, body=body, parse=False)
