@@ -1,7 +1,7 @@
 """Golden episodes of KubeRL's envs: the scenarios, the loop that plays them, and the recorder.
 
 tests/data/golden_envs.npz holds what the per-env classes played before the per-env and the
-numpy-batched implementations became one (issue 20); tests/unit/test_golden_envs.py replays the recorded
+numpy-batched implementations became one; tests/unit/test_golden_envs.py replays the recorded
 actions on today's envs and asserts every observation, reward, flag and info value is the same, bit
 for bit. Regenerate only when a rule changes on purpose:
 

@@ -343,7 +343,7 @@ def test_a_spec_only_the_learner_can_check_fails_as_invalid_spec_with_validates_
     delete_and_check_nothing_left(bed, "tenant-code")
 
 
-# -- Kueue gang admission, and a job that cannot start says why (issue 19, parts 2 and 3) ------------------
+# -- Kueue gang admission, and a job that cannot start says why ------------------
 
 
 def job_pods(bed: OneNodeCluster, job: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""BDQ's preference-alignment head (issue 18): the teacher, segments and the pairs file on their own;
+"""BDQ's preference-alignment head: the teacher, segments and the pairs file on their own;
 then real training: held-out accuracy with the exact teacher, a pair a person appends while the
 learner runs (real Ray, the real learner loop), the critic's TD loss with and without the head, and
 `kuberl preferences` through the CLI."""

@@ -1,7 +1,7 @@
 """Today's envs play the golden episodes (tests/golden_envs.py) bit for bit: each single env replaying
 the recorded actions, and the numpy-batched env running all of a scenario's seeds side by side
 (autoreset in the same step). The recording was made with the per-env classes as they were before
-the single and the batched envs shared one implementation of the rules (issue 20); every single env
+the single and the batched envs shared one implementation of the rules; every single env
 also passes gymnasium's env checker."""
 
 from __future__ import annotations

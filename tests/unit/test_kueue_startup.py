@@ -1,4 +1,4 @@
-"""Kueue pod groups and why a job cannot start, decided by the pure planner (issue 19, parts 2 and 3).
+"""Kueue pod groups and why a job cannot start, decided by the pure planner.
 
 The labels and gate a queued job's pods carry; Queued until Kueue lifts the gate from every pod;
 a resize re-queues the group; pod waiting reasons (ErrImagePull, CrashLoopBackOff with log lines,

@@ -35,7 +35,7 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: Environment every Ray process gets: no usage-stats phone-home (clusters are often offline), and no
 #: drain on SIGTERM. Ray's `ray start --block` otherwise drains its node for up to 30 s when the pod is
 #: deleted (meant for Serve replicas); a rollout actor keeps the node busy the whole time, so a scale-down,
-#: a suspend or a finished job's cleanup stalled the learner 30 s (seen on the bed). A lost rollout actor
+#: a suspend or a finished job's cleanup stalls the learner 30 s. A lost rollout actor
 #: costs one batch, and the learner checkpoints on its own SIGTERM.
 RAY_ENV = [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
            {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"}]

@@ -10,8 +10,9 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
-from kuberl.api.job import Condition, EvaluationSpec, Progress, RLTrainingJobStatus
 from prometheus_client.parser import text_string_to_metric_families
+
+from kuberl.api.job import Condition, EvaluationSpec, Progress, RLTrainingJobStatus
 
 #: Condition types, all present once a job has been reconciled (status "True" or "False").
 RUNNING = "Running"
@@ -120,21 +121,42 @@ def _timestamp(value: float | None) -> datetime | None:
         return None
 
 
+def _readable_rate(value: float) -> float:
+    """A rate or a duration as a person reads it in `kubectl get`: to 0.1 (311.8905519378761 -> 311.9)."""
+    return round(value, 1)
+
+
+def _readable_return(value: float) -> float:
+    """A return to 0.1, or to 3 significant figures where that keeps more (-207.775 -> -207.8,
+    0.93456 -> 0.935): Tic-Tac-Toe's returns lie between -1 and 1."""
+    if value == 0:
+        return 0.0
+    return round(value, max(1, 2 - math.floor(math.log10(abs(value)))))
+
+
+def _readable_fraction(value: float) -> float:
+    """A fraction such as a win rate, to 0.001 (a tenth of a percent)."""
+    return round(value, 3)
+
+
 def _progress(samples: dict[str, float]) -> Progress:
-    """Progress, field by field, from its (finite) metrics; a missing sample reads as the field's default."""
+    """Progress, field by field, from its (finite) metrics; a missing sample reads as the field's default.
+    Rates and returns are rounded for `kubectl get` (the learner's metrics and files keep them whole), which
+    also spares the status a write for a change in the fifteenth digit."""
 
     def count(metric: str) -> int:
         return _count(samples.get(metric)) or 0
 
     def rate(metric: str) -> float:
-        return max(0.0, samples.get(metric, 0.0))
+        return _readable_rate(max(0.0, samples.get(metric, 0.0)))
 
+    mean_return = samples.get("kuberl_episode_return_mean")
     return Progress(
         episodes=count("kuberl_episodes_total"),
         env_steps=count("kuberl_env_steps_total"),
         episodes_per_second=rate("kuberl_episodes_per_second"),
         env_steps_per_second=rate("kuberl_env_steps_per_second"),
-        mean_return=samples.get("kuberl_episode_return_mean"),
+        mean_return=None if mean_return is None else _readable_return(mean_return),
         wall_clock_seconds=rate("kuberl_training_wall_clock_seconds"),
         gradient_updates=count("kuberl_gradient_updates_total"),
         iterations=count("kuberl_iterations_total"),
@@ -199,7 +221,9 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     last_checkpoint = f"ckpt-{iteration:09d}.pt" if checkpoint_time and iteration else None
     evaluation = None
     # The learner sets its evaluation gauges before it reports finished: only then are they results.
-    if finished and samples.get("kuberl_evaluation_return_mean") is not None:
-        evaluation = {"deterministic": {"meanReturn": samples["kuberl_evaluation_return_mean"]}}
-        evaluation.update({suite: {"winRate": rate} for suite, rate in sorted(win_rates.items())})
+    main_return = samples.get("kuberl_evaluation_return_mean")
+    if finished and main_return is not None:
+        evaluation = {"deterministic": {"meanReturn": _readable_return(main_return)}}
+        for suite, rate in sorted(win_rates.items()):
+            evaluation[suite] = {"winRate": _readable_fraction(rate)}
     return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation)

@@ -38,7 +38,8 @@ class ReplayBuffer:
         if self.next_masks is not None and "next_masks" in batch:
             fields.append(("next_masks", self.next_masks))
         for key, store in fields:
-            store[idx] = torch.as_tensor(np.array(batch[key]), device=self.device).to(store.dtype).reshape(n, *store.shape[1:])
+            values = torch.as_tensor(np.array(batch[key]), device=self.device).to(store.dtype)
+            store[idx] = values.reshape(n, *store.shape[1:])
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
         return n
@@ -46,7 +47,7 @@ class ReplayBuffer:
     def sample(self, batch_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=generator)
         # index_select, not store[idx]: the same rows, ~5x less time on a CPU (advanced indexing's
-        # general path), and the sampling was ~15% of a small network's update.
+        # general path), and the sampling is ~15% of a small network's update.
         out = {"obs": self.obs.index_select(0, idx), "next_obs": self.next_obs.index_select(0, idx),
                "actions": self.actions.index_select(0, idx), "rewards": self.rewards.index_select(0, idx),
                "dones": self.dones.index_select(0, idx), "discounts": self.discounts.index_select(0, idx)}

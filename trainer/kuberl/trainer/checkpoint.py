@@ -57,7 +57,7 @@ def load_latest(directory: Path, map_location: str | torch.device = "cpu") -> tu
     for path in reversed(list_checkpoints(directory)):
         try:
             return path, torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as err:  # a truncated or corrupt file raises many types; all mean "unusable"
+        except Exception as err:  # noqa: BLE001 - a truncated or corrupt file raises many types; all mean "unusable"
             log.warning("checkpoint %s does not load (%s: %s); trying the previous one",
                         path.name, type(err).__name__, err)
     return None

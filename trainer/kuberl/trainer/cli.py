@@ -177,9 +177,10 @@ def _serve_flag_problems(args: argparse.Namespace) -> list:
     there); a port outside a pod may be any TCP port (a pod's must be 1024 or more)."""
     from typing import Annotated
 
+    from pydantic import Field, TypeAdapter, ValidationError
+
     from kuberl.api.job import ServingSpec
     from kuberl.api.load import Problem
-    from pydantic import Field, TypeAdapter, ValidationError
 
     port = TypeAdapter(Annotated[int, Field(ge=1, le=65535)])
     rules = {"--port": port, "--metrics-port": port,

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+
 from kuberl.api.learner_slots import learner_slots
 from kuberl.trainer.algorithms import Algorithm, LearnStats, algorithm_for
 
@@ -195,14 +196,14 @@ class LearnerGroup:
         shards: list[list[dict[str, Any]]] = [[] for _ in range(self.world)]
         for position, b in enumerate(batches):
             shards[int(b.get("worker_index", position)) % self.world].append(b)
-        sizes = [a.store.remote(shard) for a, shard in zip(self.actors, shards[1:])]
+        sizes = [a.store.remote(shard) for a, shard in zip(self.actors, shards[1:], strict=False)]
         new_steps = self.algo.store(shards[0]) + sum(int(b["env_steps"]) for shard in shards[1:] for b in shard)
         smallest = min([self.algo.buffer.size, *ray.get(sizes)])
         updates = self.algo.updates_owed(new_steps, env_steps, max_updates, buffer_size=smallest)
         refs = [a.apply_updates.remote(updates) for a in self.actors]
         losses = self.algo.apply_updates(updates)
         per_rank = [losses, *ray.get(refs)]
-        return self.algo.stats([float(np.mean(x)) for x in zip(*per_rank)], updates, env_steps)
+        return self.algo.stats([float(np.mean(x)) for x in zip(*per_rank, strict=False)], updates, env_steps)
 
     def shutdown(self, stop_actors: bool = True) -> None:
         """Rank 0 leaves the group; the other ranks are stopped unless the cluster is going away anyway."""

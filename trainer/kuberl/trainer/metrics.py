@@ -28,10 +28,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_learner_loss": ("gauge", "Learner's total loss on the last update."),
     "kuberl_checkpoint_timestamp_seconds": ("gauge", "Unix time of the newest checkpoint (0 before the first)."),
     "kuberl_checkpoints_total": ("counter", "Checkpoints written."),
-    "kuberl_checkpoint_iteration": ("gauge", "Learner iteration of the newest checkpoint (its file is ckpt-<iteration>.pt)."),
+    "kuberl_checkpoint_iteration": (
+        "gauge", "Learner iteration of the newest checkpoint (its file is ckpt-<iteration>.pt)."),
     "kuberl_learner_wait_seconds_total": ("counter", "Seconds the learner waited for rollout data."),
     "kuberl_worker_weight_wait_seconds_total": ("counter", "Seconds rollout workers waited for new weights."),
-    "kuberl_policy_staleness_updates": ("gauge", "Gradient updates between the policy a batch was collected with and the learner's."),
+    "kuberl_policy_staleness_updates": (
+        "gauge", "Gradient updates between the policy a batch was collected with and the learner's."),
     "kuberl_evaluation_return_mean": ("gauge", "Mean return of the final deterministic evaluation."),
     "kuberl_evaluation_win_rate": ("gauge", "Win rate of an evaluation suite (two-player envs), labelled by suite."),
     "kuberl_job_finished": ("gauge", "1 once training has finished (stopping condition met), else 0."),

@@ -18,7 +18,7 @@ def _layer_init(layer: nn.Linear, std: float = float(np.sqrt(2)), bias: float = 
 
 class _NumpyTanh(torch.autograd.Function):
     """tanh with numpy's forward pass: torch 2.x's CPU tanh takes ~40 us for a 256x64 float32 batch
-    here, numpy's ~3 us (and the rollout workers' numpy policies use numpy's, so the learner now
+    here, numpy's ~3 us (and the rollout workers' numpy policies use numpy's, so the learner
     computes the very activations they act on). The backward pass is torch's own tanh_backward."""
 
     @staticmethod
@@ -60,7 +60,7 @@ class MLP(nn.Module):
     def __init__(self, sizes: list[int], activation: str, final_act: bool = False, last_std: float | None = None):
         super().__init__()
         self.layers = nn.ModuleList()
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
             std = last_std if (last_std is not None and i == len(sizes) - 2) else float(np.sqrt(2))
             self.layers.append(_layer_init(nn.Linear(a, b), std))
         self.act = _activation(activation)
@@ -173,7 +173,7 @@ def trunk_width(info: SpaceInfo, hidden: list[int]) -> int:
 class BranchHeads(nn.Module):
     """The value head and every advantage branch, each a 2-layer MLP, computed as two batched layers:
     one Linear to all their hidden units, then each head's own output weights in one einsum (fewer,
-    larger ops: a CPU learner's update was ~25% faster than with one module per head). Outputs are
+    larger ops: a CPU learner's update is ~25% faster than with one module per head). Outputs are
     padded to the widest branch; padding never reaches a Q value, so its weights get no gradient."""
 
     def __init__(self, width: int, branch_hidden: int, sizes: tuple[int, ...], activation: str):
@@ -191,7 +191,8 @@ class BranchHeads(nn.Module):
         self.out_bias = nn.Parameter(torch.zeros(len(heads), max(heads)))
 
     def forward(self, h: torch.Tensor) -> list[torch.Tensor]:
-        z = self.act(self.hidden(h)).view(-1, len(self.sizes) + 1, self.branch_hidden)  # -1: exported graphs keep a free batch
+        # -1: exported graphs keep a free batch dimension
+        z = self.act(self.hidden(h)).view(-1, len(self.sizes) + 1, self.branch_hidden)
         out = torch.einsum("bkh,khn->bkn", z, self.out_weight) + self.out_bias
         value = out[:, 0, :1]
         advantages = [out[:, d + 1, :n] for d, n in enumerate(self.sizes)]

@@ -115,9 +115,9 @@ class RunReport:
         if self._events is not None:
             self._events.add(row["env_steps"], tensorboard_log.row_scalars(row))
         ret = row.get("mean_return")
-        stats = (f"{row['episodes_per_second']:,.0f} ep/s  {row['env_steps_per_second']:,.0f} steps/s  "
-                 f"return {ret:.1f}" if ret is not None else
-                 f"{row['episodes_per_second']:,.0f} ep/s  {row['env_steps_per_second']:,.0f} steps/s")
+        stats = f"{row['episodes_per_second']:,.0f} ep/s  {row['env_steps_per_second']:,.0f} steps/s"
+        if ret is not None:
+            stats += f"  return {_readable(ret)}"
         if self._progress is not None:
             fraction = _progress_fraction(self.job.spec.stopping, row)
             self._progress.update(self._task, completed=fraction * 100.0, stats=stats)
@@ -225,32 +225,78 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
-    """The summary table on stdout."""
+    """The summary table on stdout, every number rounded for a person (summary.json keeps them whole)."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"KubeRL run {summary['job']}", show_header=False)
-    greedy = summary.get("evaluation", {}).get("deterministic") or {}
+    for name, value in summary_rows(summary, run_dir):
+        table.add_row(name, value)
+    Console(file=sys.stdout).print(table)
+
+
+def summary_rows(summary: dict[str, Any], run_dir: Path) -> list[tuple[str, str]]:
+    """The summary table's rows: the policy's evaluation with each suite's beside it."""
+    evaluation = dict(summary.get("evaluation") or {})
+    greedy = evaluation.pop("deterministic", None)
+    training_return = summary["mean_return"]
     wall = summary["wall_clock"] or 1e-9
-    rows = [
+    return [
         ("stopped by", summary["stopped_by"]),
         ("wall-clock", f"{summary['wall_clock']:.1f} s (Ray start {summary['ray_start_seconds']:.1f} s)"),
         ("env steps", f"{summary['env_steps']:,} ({summary['env_steps'] / wall:,.0f}/s)"),
         ("episodes", f"{summary['episodes']:,} ({summary['episodes'] / wall:,.1f}/s)"),
         ("gradient updates", f"{summary['gradient_updates']:,}"),
-        ("mean training return", "-" if summary["mean_return"] is None else f"{summary['mean_return']:.2f}"),
-        ("evaluation", "-" if not greedy else (
-            f"{greedy['mean_return']:.2f} ± {greedy['std_return']:.2f} over {greedy['episodes']} episodes")),
+        ("mean training return", "-" if training_return is None else _readable(training_return)),
+        ("evaluation", "-" if not greedy else _episodes_text(greedy)),
+        *((f"eval: {name}", _suite_text(result)) for name, result in evaluation.items()),
         ("worker restarts", str(summary["worker_restarts"])),
         *_time_rows(summary.get("time_split")),
         ("run directory", str(run_dir)),
     ]
-    for name, res in summary.get("evaluation", {}).items():
-        if name != "deterministic":
-            rows.append((f"eval: {name}", json.dumps(res)))
-    for k, v in rows:
-        table.add_row(k, v)
-    Console(file=sys.stdout).print(table)
+
+
+def _digits(value: float) -> int:
+    """Decimals that show `value` to 0.1, or to 3 significant figures where that keeps more."""
+    return 1 if value == 0 else max(1, 2 - math.floor(math.log10(abs(value))))
+
+
+def _readable(value: Any) -> str:
+    """A number as a person reads it: a float to 0.1, or to 3 significant figures where that keeps more,
+    without trailing zeros past the first decimal (-207.77500000000003 -> -207.8, 0.93456 -> 0.935,
+    0.7 -> 0.7); anything else as str() writes it."""
+    if not isinstance(value, float) or not math.isfinite(value):
+        return str(value)
+    text = f"{value:.{_digits(value)}f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def _episodes_text(result: dict[str, Any]) -> str:
+    """A suite's episode summary (`evaluation.episodes.summarize`), mean and spread to the mean's decimals:
+    `-207.8 ± 3.3 over 20 episodes`, `0.590 ± 0.722 over 100 episodes`."""
+    count, mean = result["episodes"], result.get("mean_return")
+    if mean is None:
+        return "no episodes"
+    digits = _digits(mean)
+    episodes = "1 episode" if count == 1 else f"{count:,} episodes"
+    return f"{mean:.{digits}f} ± {result['std_return']:.{digits}f} over {episodes}"
+
+
+def _suite_text(result: dict[str, Any]) -> str:
+    """One line for an evaluation suite's results, by what the suite played (`evaluation/`)."""
+    if "baseline" in result:
+        params = ", ".join(f"{key} {_readable(value)}" for key, value in result.get("params", {}).items())
+        return f"{result['baseline']}{f' ({params})' if params else ''}: {_episodes_text(result)}"
+    if "opponent" in result:
+        if result["opponent"] == "self":
+            side = "against itself, as X" if result["agent_first"] else "against itself, as O"
+        else:
+            side = f"against {result['opponent']}, moving {'first' if result['agent_first'] else 'second'}"
+        return (f"{side}: {result['wins']:,} won, {result['draws']:,} drawn, {result['losses']:,} lost "
+                f"of {result['games']:,} games ({result['win_rate']:.1%} won)")
+    if "mean_return" in result:
+        return _episodes_text(result)
+    return ", ".join(f"{key} {_readable(value)}" for key, value in result.items())
 
 
 def _time_rows(split: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -292,7 +338,7 @@ def learning_curve_svg(points: list[tuple[float, float]], target: float | None, 
                        ylabel: str, width: int = 700, height: int = 400) -> str:
     """The learning curve as a standalone SVG: mean return over env steps, the target as a dashed
     line, axes with round ticks. Plain text, no plotting library: it is written while the workers
-    evaluate, and matplotlib's import alone took longer than the evaluation."""
+    evaluate, and matplotlib's import alone takes longer than the evaluation."""
     left, right, top, bottom = 70, 20, 40, 50
     pw, ph = width - left - right, height - top - bottom
     xs = [p[0] for p in points] or [0.0, 1.0]

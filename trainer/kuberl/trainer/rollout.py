@@ -56,6 +56,7 @@ def _masks(info: dict, n_envs: int, n_actions: int) -> np.ndarray | None:
         return None
     return np.asarray(mask, dtype=bool).reshape(n_envs, n_actions)
 
+
 def _env_actions(info: SpaceInfo, actions: np.ndarray) -> np.ndarray:
     """Actions as the env takes them: a Box's clipped into its bounds and shaped like it."""
     if info.action_kind == "Box":
@@ -164,18 +165,12 @@ class RolloutWorker:
 
     # ---- evaluation: greedy episodes ------------------------------------------------------------
 
-    def evaluate(self, params, version: int, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def evaluate(self, params, version: int, seeds: list[int],
+                 env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Greedy episodes, one per seed, side by side: `GreedyEvaluator.episodes`."""
         if params is not None:
             self.set_weights(params, version)
         return self.evaluator.episodes(self.policy, seeds, env_kwargs)
-
-    def evaluate_sequential(self, params, version: int, seeds: list[int],
-                            env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The reference for `evaluate`: `GreedyEvaluator.episodes_sequential`."""
-        if params is not None:
-            self.set_weights(params, version)
-        return self.evaluator.episodes_sequential(self.policy, seeds, env_kwargs)
 
     def close(self) -> None:
         self.env.close()
@@ -326,7 +321,7 @@ class GreedyEvaluator:
     def episodes(self, policy, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The episodes run side by side in a vector env (one env per seed, `EVAL_CHUNK` at a time, one
         batched forward pass per step); each env is reset with its own seed, so an episode is the one
-        a lone env reset with that seed plays (`episodes_sequential`, the reference tests compare with)."""
+        a lone env reset with that seed plays."""
         kwargs = {**self.env_kwargs, **(env_kwargs or {})}
         returns: list[float] = []
         lengths: list[int] = []
@@ -359,29 +354,6 @@ class GreedyEvaluator:
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
         return [float(x) for x in total], [int(x) for x in steps]
 
-    def episodes_sequential(self, policy, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The reference for `episodes`: one env, one seed after another, one step at a time."""
-        env = make_env(self.env_id, {**self.env_kwargs, **(env_kwargs or {})}, self.max_episode_steps)
-        discrete = self.info.action_kind == "Discrete"
-        returns, lengths = [], []
-        try:
-            for seed in seeds:
-                raw, info = env.reset(seed=int(seed))
-                total, steps, done = 0.0, 0, False
-                while not done:
-                    obs = flatten_obs(self.obs_space, _batch1(raw), 1)
-                    mask = _masks(_batch1_info(info), 1, self.info.action_dims[0]) if discrete else None
-                    action = policy.greedy(obs, mask)[0]
-                    raw, reward, terminated, truncated, info = env.step(_env_actions(self.info, np.asarray([action]))[0])
-                    total += float(reward)
-                    steps += 1
-                    done = terminated or truncated
-                returns.append(total)
-                lengths.append(steps)
-        finally:
-            env.close()
-        return {"returns": returns, "lengths": lengths}
-
 
 def _ray_node_id() -> str:
     """The Ray node this worker runs on ("" outside Ray), so a learner can see how actors spread."""
@@ -392,18 +364,6 @@ def _ray_node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-
-
-def _batch1(raw):
-    if isinstance(raw, dict):
-        return {k: np.asarray(v)[None] for k, v in raw.items()}
-    return np.asarray(raw)[None]
-
-
-def _batch1_info(info: dict) -> dict:
-    if "action_mask" in info:
-        return {"action_mask": np.asarray(info["action_mask"])[None]}
-    return {}
 
 
 class _NStepAccumulator:
@@ -428,7 +388,7 @@ class _NStepAccumulator:
             return {"obs": np.zeros((0,), np.float32), "actions": np.zeros((0,)), "rewards": np.zeros(0, np.float32),
                     "next_obs": np.zeros((0,), np.float32), "dones": np.zeros(0, np.float32),
                     "discounts": np.zeros(0, np.float32)}
-        obs, actions, rewards, next_obs, dones, masks = (list(col) for col in zip(*steps))
+        obs, actions, rewards, next_obs, dones, masks = (list(col) for col in zip(*steps, strict=False))
         rewards_all = np.concatenate(rewards)
         batch = {"obs": np.concatenate(obs), "actions": np.concatenate(actions), "rewards": rewards_all,
                  "next_obs": np.concatenate(next_obs), "dones": np.concatenate(dones),

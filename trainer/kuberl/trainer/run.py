@@ -332,7 +332,7 @@ class _Background:
         def run() -> None:
             try:
                 self._value = fn(*args)
-            except BaseException as err:  # handed to the caller by result()
+            except BaseException as err:  # noqa: BLE001 - handed to the caller by result()
                 self._error = err
 
         self._thread = threading.Thread(target=run, name=fn.__name__, daemon=True)

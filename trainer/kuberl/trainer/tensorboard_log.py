@@ -109,7 +109,7 @@ class EventLog:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             return SummaryWriter(str(self.log_dir), purge_step=self._purge_step, flush_secs=FLUSH_SECONDS,
                                  filename_suffix=self._suffix), Summary
-        except Exception as err:  # (ImportError, OSError, ...): the run goes on without event files
+        except Exception as err:  # noqa: BLE001 - (ImportError, OSError, ...): the run goes on without event files
             log.warning("no TensorBoard event files in %s: %s", self.log_dir, err)
             return None
 
@@ -126,11 +126,11 @@ class EventLog:
             values = [summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()]
             try:
                 writer.file_writer.add_summary(summary(value=values), step, wall_time)
-            except Exception as err:  # a full disk, say: warn once and stop writing
+            except Exception as err:  # noqa: BLE001 - a full disk, say: warn once and stop writing
                 log.warning("TensorBoard event files stopped: %s", err)
                 opened = None
         if opened is not None:
             try:
                 opened[0].close()
-            except Exception as err:  # (OSError: the last flush)
+            except Exception as err:  # noqa: BLE001 - (OSError: the last flush)
                 log.warning("TensorBoard event files not closed: %s", err)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
+
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
 from kuberl.trainer.rollout import RolloutWorker
-from ray.exceptions import RayActorError, RayTaskError
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,8 @@ def start_ray(address: str | None, local_slots: int, local_learners: int = 0) ->
 
 
 #: Ray's C++ clients retry a connection to a socket that is not up yet every second (10 tries): the
-#: raylet's own connection to its object store, seconds before anything runs, lost a whole second in
-#: about half the starts here. The same 10 s in all, tried every 50 ms.
+#: raylet's own connection to its object store, seconds before anything runs, loses a whole second in
+#: about half the starts. The same 10 s in all, tried every 50 ms.
 _FAST_CONNECT_RETRIES = {"RAY_raylet_client_num_connect_attempts": "200",
                          "RAY_raylet_client_connect_timeout_milliseconds": "50"}
 
@@ -150,12 +151,12 @@ def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable
                 if any(n.get("NodeID") == node_id for n in state.node_table()):
                     break
                 time.sleep(0.02)
-        except Exception as err:  # noqa: BLE001 - Ray's own call below decides; this only saves time
+        except Exception as err:  # noqa: BLE001 - noqa: BLE001 - Ray's own call below decides; this only saves time
             log.debug("node table poll failed (%s); leaving it to ray", err)
         finally:
             try:
                 state.disconnect()
-            except Exception as err:  # noqa: BLE001 - nothing to release
+            except Exception as err:  # noqa: BLE001 - noqa: BLE001 - nothing to release
                 log.debug("node table poll: disconnect failed (%s)", err)
         return get_node(gcs_address, node_id)
 
@@ -165,14 +166,14 @@ def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable
 def stop_local_ray_after_exit() -> bool:
     """For a process about to end with os._exit: make sure the embedded Ray it started goes with it,
     without stopping any of it now. `ray.shutdown()` stops Ray's processes one by one (about 1.5 s);
-    stopping them from here while this process still runs raced its own exit: Ray's core worker ends
-    a driver whose object store went away, with status 1, and sometimes won (1 run in 15).
+    stopping them from here while this process still runs races its own exit: Ray's core worker ends
+    a driver whose object store went away, with status 1, and wins about 1 run in 15.
 
     Ray starts its head processes (GCS, raylet, log monitor) to die with this process; the raylet's
     own children (its agents and worker processes) would linger, the agents for good. A detached
     shell waits for this process to be gone, then kills those children, and any head process still
-    there (each only if it is still a Ray process: its pid may have been reused). Returns False, doing nothing, when this process did
-    not start the Ray it is connected to."""
+    there (each only if it is still a Ray process: its pid may have been reused). Returns False, doing
+    nothing, when this process did not start the Ray it is connected to."""
     node = getattr(ray._private.worker, "_global_node", None)  # ray 2.x: the Node ray.init started
     if node is None or not node.is_head():
         return False
@@ -283,7 +284,7 @@ class WorkerSet:
         if old is not None:
             try:
                 ray.kill(old.actor, no_restart=True)
-            except Exception:  # already gone
+            except Exception:  # noqa: BLE001 - already gone
                 pass
         self.restarts += 1
         if index < self.desired():
@@ -324,6 +325,6 @@ class WorkerSet:
         for h in self.workers.values():
             try:
                 ray.kill(h.actor, no_restart=True)
-            except Exception:  # already gone
+            except Exception:  # noqa: BLE001 - already gone
                 pass
         self.workers.clear()

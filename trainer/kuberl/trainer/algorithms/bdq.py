@@ -36,7 +36,7 @@ def bdq_targets(q_online_next: list[torch.Tensor], q_target_next: list[torch.Ten
     `next_masks` (legal next actions) applies to a single-branch (Discrete) space only.
     """
     values = []
-    for d, (q_on, q_tg) in enumerate(zip(q_online_next, q_target_next)):
+    for _d, (q_on, q_tg) in enumerate(zip(q_online_next, q_target_next, strict=False)):
         if next_masks is not None and len(q_target_next) == 1:
             q_on = q_on.masked_fill(~next_masks, -torch.inf)
             q_tg = q_tg.masked_fill(~next_masks, -torch.inf)

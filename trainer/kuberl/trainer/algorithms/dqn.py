@@ -136,11 +136,10 @@ class DQN(Algorithm):
             return td_targets(q_online_next, q_target_next, batch["rewards"], batch["dones"],
                               batch["discounts"], self.cfg.double_q, batch.get("next_masks"))
 
-    def update(self, batch: dict[str, torch.Tensor] | None = None) -> float:
-        """One gradient update on `batch` (tests give one), else on `batchSize` transitions sampled
-        from this learner's replay."""
+    def update(self) -> float:
+        """One gradient update on `batchSize` transitions sampled from this learner's replay."""
         cfg = self.cfg
-        batch = self.buffer.sample(cfg.batch_size, self.generator) if batch is None else batch
+        batch = self.buffer.sample(cfg.batch_size, self.generator)
         target = self.targets(batch)
         predicted = self.q_values_taken(batch["obs"], batch["actions"])
         loss = F.smooth_l1_loss(predicted, target) if cfg.loss == "huber" else F.mse_loss(predicted, target)
@@ -184,4 +183,4 @@ class DQN(Algorithm):
         self.generator.set_state(state["generator"])
         self.buffer.load_state_dict(state["buffer"])
         self._steps_since_train = int(state["steps_since_train"])
-        self._held_back = int(state.get("held_back", 0))  # absent in checkpoints from before async held updates
+        self._held_back = int(state.get("held_back", 0))  # a checkpoint without the count owes no updates

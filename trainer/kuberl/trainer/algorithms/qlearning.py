@@ -81,7 +81,7 @@ class QLearning(Algorithm):
         """One update per transition, in order (a later one sees an earlier one's effect)."""
         q, alpha, errors = self.table, self.cfg.learning_rate, []
         columns = [data[k].tolist() for k in _FIELDS]
-        for s, a, r, s2, done, discount in zip(*columns):
+        for s, a, r, s2, done, discount in zip(*columns, strict=False):
             s, a, s2 = int(s), int(a), int(s2)
             target = r if done else r + discount * q[s2].max()
             td = target - q[s, a]

@@ -57,6 +57,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
+
 from kuberl.trainer.envs.autoscaling_observation import (
     MACRO_SHARED_NAMES,
     MICRO_NAMES,

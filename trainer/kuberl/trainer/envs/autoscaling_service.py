@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from kuberl.trainer.envs.elementwise import Numbers
 from kuberl.trainer.envs.load_patterns import generate_load
 
@@ -97,7 +98,7 @@ class Fleet:
         every other boot gets a step older."""
         capacity = extra = cost_rate = 0
         booting_per_tier = []
-        for k, (c, cost) in enumerate(zip(self.capacities, self.costs)):  # tier order, as a sum() would
+        for k, (c, cost) in enumerate(zip(self.capacities, self.costs, strict=False)):  # tier order, as a sum() would
             due = (self.boots[k] >> self.delay) & 1
             running, booting = self.running[k] + due, self.booting[k] - due
             self.running[k], self.booting[k] = running, booting

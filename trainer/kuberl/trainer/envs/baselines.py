@@ -14,6 +14,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
 from kuberl.trainer.envs import AUTOSCALING_ID, AUTOSCALING_MULTI_ID  # importing registers the ids
 from kuberl.trainer.envs.autoscaling import (
     ACTION_ADD,

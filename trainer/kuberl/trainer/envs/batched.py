@@ -4,7 +4,7 @@ Each one behaves as gymnasium's `SyncVectorEnv` over its per-env reference does,
 `AutoresetMode.SAME_STEP` (what the rollout workers use): an env whose episode ends is reset in the
 same step, its last observation in `info["final_obs"]`. Each copy has its own random generator,
 seeded as `SyncVectorEnv` seeds its copies (`seed + i`, or one seed per copy), so a batched run
-and the reference run the same episodes step for step (tests/test_batched_envs.py checks it).
+and the reference run the same episodes step for step (tests/unit/test_batched_envs.py checks it).
 
 Gymnasium's own `CartPoleVectorEnv` (`make_vec(..., vectorization_mode="vector_entry_point")`) is
 as fast, but it resets an ended episode on the *next* step (a step that returns reward 0 for a

@@ -5,8 +5,8 @@ tictactoe_games.py), array-API style against an `xp` of either kind.
 Arithmetic, comparisons and bitwise operators are the same for both; these are the rest. Why not
 one numpy copy (n = 1) for the gymnasium env: a numpy call costs about a microsecond whatever the
 size, a Python number operation tens of nanoseconds, and a step is a hundred or so operations, so
-the n = 1 view measured ten times slower per step than the per-env code it replaced, while on
-Python numbers the gymnasium env (SyncVectorEnv copies, evaluation) stays about as fast.
+an n = 1 view steps about ten times slower than the same rules on Python numbers, which the
+gymnasium env (SyncVectorEnv copies, evaluation) runs on.
 Values that exist per tier are a list of T numbers for one copy and a (T, n) array for a batch.
 """
 
@@ -165,5 +165,5 @@ class Arrays:
         if batch is not None:
             chosen = np.asarray(batch(obs, mask), np.int64).reshape(-1)
         else:
-            chosen = np.array([int(policy(o, m)) for o, m in zip(obs, mask)], np.int64)
+            chosen = np.array([int(policy(o, m)) for o, m in zip(obs, mask, strict=False)], np.int64)
         return self.scatter(asked, chosen, 0)

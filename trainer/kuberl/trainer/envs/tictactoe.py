@@ -30,6 +30,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
+
 from kuberl.trainer.envs.elementwise import Arrays, Numbers
 from kuberl.trainer.envs.kwargs import config_from_kwargs
 from kuberl.trainer.envs.seeding import per_env_seeds
@@ -203,7 +204,8 @@ def evaluate_vs_random(
 
 
 def evaluate_self_play(policy: Policy, games: int = 1000) -> dict[str, int]:
-    """Counts {"x_win", "draw", "o_win"} of `policy` playing both sides (a greedy policy plays the same game each time)."""
+    """Counts {"x_win", "draw", "o_win"} of `policy` playing both sides (a greedy policy plays the same game
+    each time)."""
     counts = {"x_win": 0, "draw": 0, "o_win": 0}
     for _ in range(games):
         result = play_game(policy, policy)
@@ -294,7 +296,7 @@ class TicTacToeEnv(gym.Env):
 class TicTacToeBatch(VectorEnv):
     """`num_envs` Tic-Tac-Toe games: the games the per-env env plays on one game's numbers, played on
     arrays, so each is the game a `SyncVectorEnv` of `TicTacToeEnv` (autoreset in the same step)
-    seeded alike plays, step for step (tests/test_batched_envs.py, tests/test_golden_envs.py).
+    seeded alike plays, step for step (tests/unit/test_batched_envs.py, tests/unit/test_golden_envs.py).
 
     Each game draws from its own generator, seeded as `SyncVectorEnv` seeds its copies. A "self"
     opponent is asked for all games at once: `policy.batch(obs (M, 18), mask (M, 9)) -> cells (M,)`

@@ -114,7 +114,7 @@ def threshold_grid(env, fixed: dict[str, Any], multi: bool) -> list[dict[str, An
     for key, value in fixed.items():
         if key in axes:
             axes[key] = (value,)
-    grid = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    grid = [dict(zip(axes, values, strict=False)) for values in itertools.product(*axes.values())]
     grid = [params for params in grid if params["lower"] < params["upper"]]
     if not grid:
         raise ValueError(f"baselineParams: no threshold pair has lower < upper (upper={axes['upper']}, "

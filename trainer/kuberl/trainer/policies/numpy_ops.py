@@ -8,7 +8,8 @@ import numpy as np
 Params = dict[str, np.ndarray]
 
 
-def mlp(params: Params, prefix: str, x: np.ndarray, n_layers: int, activation: str, final_act: bool = False) -> np.ndarray:
+def mlp(params: Params, prefix: str, x: np.ndarray, n_layers: int, activation: str,
+        final_act: bool = False) -> np.ndarray:
     """Apply `{prefix}.{i}.weight/bias` linear layers with the activation between them."""
     act = np.tanh if activation == "tanh" else (lambda v: np.maximum(v, 0.0))
     for i in range(n_layers):

@@ -94,7 +94,7 @@ class BranchingQPolicy:
         """[batch] actions for a Discrete space (one branch), else [batch, branches]."""
         q = self.q_values(obs)
         columns = []
-        for d, (q_d, n) in enumerate(zip(q, self.branches)):
+        for d, (q_d, n) in enumerate(zip(q, self.branches, strict=False)):
             branch_mask = mask if d == 0 and len(self.branches) == 1 else None
             choice = masked_argmax(q_d, branch_mask)
             if epsilon > 0.0:

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from kuberl.api.job import PreferenceSpec
 from kuberl.trainer.preferences.head import PairStore, PreferenceHead, accuracy, bt_loss, segment_scores
-from kuberl.trainer.preferences.people import PeoplesPairs
+from kuberl.trainer.preferences.people import HumanRankedPairs
 from kuberl.trainer.preferences.steps import SegmentCutter
 from kuberl.trainer.preferences.teacher import teacher_labels
 
@@ -61,15 +62,16 @@ class PreferenceAligner:
         self.rng = np.random.default_rng([seed, 7919])
         self.cutter = SegmentCutter(cfg.segment_length)
         self.pool = SegmentPool(POOL_SEGMENTS)
-        store = lambda n: PairStore(n, cfg.segment_length, obs_dim, len(branches), device)
+        def store(n):
+            return PairStore(n, cfg.segment_length, obs_dim, len(branches), device)
         self.train = store(cfg.max_pairs)
         self.held_out = store(max(16, int(cfg.max_pairs * cfg.held_out_fraction) + 1))
         self.counts = collections.Counter()  # pairs the teacher labelled
         self.losses: list[float] = []
-        self.people = PeoplesPairs(cfg)
+        self.human_pairs = HumanRankedPairs(cfg)
 
     def attach_run_dir(self, run_dir: Path) -> None:
-        self.people.attach_run_dir(run_dir)
+        self.human_pairs.attach_run_dir(run_dir)
 
     # ---- per iteration -----------------------------------------------------------------------
 
@@ -87,8 +89,8 @@ class PreferenceAligner:
                 a, b = drawn
                 self._add_pairs(a, b, teacher_labels(teacher, a["measures"], b["measures"], self.rng))
                 self.counts["teacher"] += len(a["obs"])
-        self.people.write_candidates(self.pool, self.cfg.candidates_per_iteration, self.rng)
-        for a, b, label in self.people.read_rankings(self.train.obs.shape[2:]):
+        self.human_pairs.write_candidates(self.pool, self.cfg.candidates_per_iteration, self.rng)
+        for a, b, label in self.human_pairs.read_rankings(self.train.obs.shape[2:]):
             self._add_pairs(a, b, np.array([label], np.float32))
 
     def _add_pairs(self, a: dict, b: dict, labels: np.ndarray) -> None:
@@ -114,7 +116,8 @@ class PreferenceAligner:
         self.losses.append(loss.item())
         return self.cfg.weight * loss
 
-    def shaped_rewards(self, features_fn, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    def shaped_rewards(self, features_fn, obs: torch.Tensor, actions: torch.Tensor,
+                       rewards: torch.Tensor) -> torch.Tensor:
         """r + beta * standardised r(s, a) over the batch (rewardShaping; exact for nStep 1, the first
         step's score otherwise)."""
         if self.cfg.reward_shaping == 0 or self.train.size < self.cfg.batch_size:
@@ -126,10 +129,10 @@ class PreferenceAligner:
 
     def stats(self, features_fn) -> dict[str, float]:
         """The iteration's figures for metrics.jsonl and Prometheus (kuberl_preference_*)."""
-        people = self.people.counts
-        out = {"preference_pairs_used": float(self.counts["teacher"] + people["human"]),
-               "preference_pairs_human": float(people["human"]),
-               "preference_pairs_rejected": float(people["rejected"])}
+        human_counts = self.human_pairs.counts
+        out = {"preference_pairs_used": float(self.counts["teacher"] + human_counts["human"]),
+               "preference_pairs_human": float(human_counts["human"]),
+               "preference_pairs_rejected": float(human_counts["rejected"])}
         if self.losses:
             out["preference_loss"] = float(np.mean(self.losses))
             self.losses = []
@@ -150,12 +153,12 @@ class PreferenceAligner:
     def state_dict(self) -> dict[str, Any]:
         return {"head": self.head.state_dict(), "train": self.train.state_dict(),
                 "held_out": self.held_out.state_dict(), "counts": dict(self.counts),
-                "people": self.people.state_dict()}
+                "people": self.human_pairs.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.head.load_state_dict(state["head"])
         self.train.load_state_dict(state["train"])
         self.held_out.load_state_dict(state["held_out"])
         self.counts = collections.Counter(state["counts"])
-        self.people.load_state_dict(state["people"])
+        self.human_pairs.load_state_dict(state["people"])
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from kuberl.trainer.networks import MLP
 from torch import nn
+
+from kuberl.trainer.networks import MLP
 
 
 class PreferenceHead(nn.Module):

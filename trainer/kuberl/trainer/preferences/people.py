@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, PreferenceSpec
 from kuberl.trainer.preferences.pairs_file import (
     CANDIDATES_FILE,
@@ -28,7 +29,10 @@ log = logging.getLogger("kuberl.trainer")
 MAX_CANDIDATES = 2000  # candidate pairs written per learner process (candidates.jsonl stays ~10-40 MB)
 
 
-class PeoplesPairs:
+class HumanRankedPairs:
+    """Segment pairs for people to rank, and the rankings they gave: candidates go out to
+    candidates.jsonl, rankings come in from the pairs file as (segment a, segment b, P(a preferred))."""
+
     def __init__(self, cfg: PreferenceSpec):
         self.cfg = cfg
         self.counts = collections.Counter()  # human / rejected pairs, candidates written
@@ -66,7 +70,7 @@ class PeoplesPairs:
         for i in range(len(drawn[0]["obs"])):
             pair = secrets.token_hex(4)
             segments = {}
-            for side, seg in zip("ab", drawn):
+            for side, seg in zip("ab", drawn, strict=False):
                 self.candidates[pair + side] = (seg["obs"][i], seg["actions"][i])
                 segments[side] = _segment_record(pair + side, {k: v[i] for k, v in seg.items()})
             records.append({"pair": pair, "segments": segments})
@@ -98,7 +102,7 @@ class PeoplesPairs:
             try:
                 id_a, id_b, label = parse_ranking(line)
                 segs = [self._segment(i) for i in (id_a, id_b)]
-                missing = [i for i, s in zip((id_a, id_b), segs) if s is None]
+                missing = [i for i, s in zip((id_a, id_b), segs, strict=False) if s is None]
                 if missing:
                     raise ValueError(f"unknown segment id {missing[0]!r} (not in {CANDIDATES_FILE})")
                 if any(s[0].shape != tuple(obs_shape) for s in segs):

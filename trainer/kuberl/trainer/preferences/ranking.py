@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+
 from kuberl.trainer.preferences.pairs_file import (
     CANDIDATES_FILE,
     PAIRS_FILE,

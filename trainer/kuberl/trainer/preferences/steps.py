@@ -26,7 +26,8 @@ class StepRecorder:
         self.rewards: list[np.ndarray] = []
         self.measures: list[np.ndarray] = []
 
-    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, info: dict, ended: np.ndarray | None) -> None:
+    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, info: dict,
+            ended: np.ndarray | None) -> None:
         """One vector step. For copies whose episode `ended` with it, the values are the final info's
         (a same-step autoreset put the reset's info in `info`)."""
         n = len(rewards)

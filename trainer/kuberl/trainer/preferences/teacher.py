@@ -4,6 +4,7 @@ preferred (Christiano et al. 2017's synthetic labels; `mistakeRate` is BPref's "
 from __future__ import annotations
 
 import numpy as np
+
 from kuberl.api.job import PreferenceTeacherSpec
 from kuberl.trainer.preferences.steps import MEASURES
 

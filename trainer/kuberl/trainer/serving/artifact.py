@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kuberl.trainer.spaces import SpaceInfo
 
 FORMAT = "kuberl-policy/1"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kuberl.trainer.serving.artifact import FORMAT, MANIFEST, MASK_INPUT, WEIGHTS, ExportedPolicy, json_safe
 
 FORMATS = ("numpy", "onnx", "torchscript")
@@ -50,6 +51,7 @@ def describe_space(space) -> dict[str, Any]:
 def load_run(run_dir: Path):
     """(job, algorithm with the newest loadable checkpoint's weights, env probe, checkpoint path, state)."""
     import torch
+
     from kuberl.api.load import InvalidJob, load_job_file
     from kuberl.trainer import checkpoint as ckpt
     from kuberl.trainer.algorithms import algorithm_for

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+
 from kuberl.trainer.serving.artifact import MASK_INPUT, BadInput, ExportedPolicy
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 #: Deepest JSON nesting a request may have. A Dict observation of images in a batched /act request
-#: nests 6 levels; Python's parser recurses once per level, so 100,000 levels were a RecursionError.
+#: nests 6 levels; Python's parser recurses once per level, so 100,000 levels raise RecursionError.
 MAX_DEPTH = 32
 #: The binary tensor data extension's header: the length of the JSON that precedes the tensor bytes.
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -205,7 +206,7 @@ def _input_tensor(tensor: Any, field: str, expected: dict[str, dict], binary: _B
         data = _numbers(tensor["data"], datatype, f"{field}.data")
         if data.size != math.prod(shape):
             raise BadInput(f"{field}.data", f"holds {data.size} values; shape {shape} needs {math.prod(shape)}")
-    if len(shape) != len(want["shape"]) or any(w != -1 and w != s for w, s in zip(want["shape"], shape)):
+    if len(shape) != len(want["shape"]) or any(w != -1 and w != s for w, s in zip(want["shape"], shape, strict=False)):
         raise BadInput(f"{field}.shape", f"{shape} does not match the model's {want['shape']} for {name!r} "
                                          "(-1: any batch size)")
     return name, data.reshape(shape)

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 from kuberl.trainer.serving.artifact import BadInput, ExportedPolicy
 from kuberl.trainer.serving.protocol import (
     HEADER_LENGTH,
@@ -30,8 +33,6 @@ from kuberl.trainer.serving.protocol import (
     read_body,
     split_binary,
 )
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
 
