@@ -29,6 +29,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kmock
 import kubernetes
@@ -231,9 +232,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--burst-workers", type=int, default=4)
 
 
-def main() -> int:
-    bench = Bench(__doc__, RESULTS / "operator.json", arguments)
-    args = bench.args
+@contextlib.contextmanager
+def emulated_cluster() -> Iterator[tuple[Any, str]]:
+    """The tests' API emulator, serving NetworkPolicies too, in the benchmark's namespace; and a scratch dir."""
     k8s = from_tests("bed.k8s_emulator")
     emulator = k8s.KubernetesApiEmulator(
         crds=k8s.load_crds(), namespaces=["default", NS],
@@ -242,6 +243,13 @@ def main() -> int:
             shortnames={"netpol"}, categories=set(), subresources=set())})
     with (tempfile.TemporaryDirectory() as tmp,
           k8s.EmulatedCluster(emulator, Path(tmp), namespace=NS) as cluster):
+        yield cluster, tmp
+
+
+def main() -> int:
+    bench = Bench(__doc__, RESULTS / "operator.json", arguments)
+    args = bench.args
+    with emulated_cluster() as (cluster, tmp):
         bed = _Bench(cluster, Path(tmp))
         results = one_at_a_time(bed, args.workers, args.jobs)
         results.update(burst(bed, args.burst, args.burst_workers))

@@ -17,14 +17,12 @@ from __future__ import annotations
 import copy
 import json
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-import kmock
-from bench_operator import NETWORK_POLICIES, NS, _Bench, pod_names, rss_mb, running_operator
-from common import RESULTS, Bench, free_port, from_tests, load_average, stats
+from bench_operator import NS, _Bench, emulated_cluster, pod_names, rss_mb, running_operator
+from common import RESULTS, Bench, free_port, load_average, stats
 from prometheus_client.parser import text_string_to_metric_families
 
 TEMPLATE_BYTES = 32_000
@@ -103,15 +101,8 @@ def main() -> int:
     import yaml
 
     base = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "cartpole-ppo.yaml").read_text())
-    k8s = from_tests("bed.k8s_emulator")
-    emulator = k8s.KubernetesApiEmulator(
-        crds=k8s.load_crds(), namespaces=["default", NS],
-        extra_resources={NETWORK_POLICIES: kmock.ResourceInfo(
-            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=k8s.ALL_VERBS,
-            shortnames={"netpol"}, categories=set(), subresources=set())})
     runs: dict[str, list[dict]] = {"example (4 workers, no template)": [], "largest accepted": []}
-    with (tempfile.TemporaryDirectory() as tmp,
-          k8s.EmulatedCluster(emulator, Path(tmp), namespace=NS) as cluster):
+    with emulated_cluster() as (cluster, tmp):
         bench = _Bench(cluster, Path(tmp))
         port = free_port()
         with running_operator(cluster, Path(tmp) / "operator.log", metrics_port=port) as operator:
