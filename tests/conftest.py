@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# `cluster_session` and `kube`: the real control plane, started on first use, once per session.
+pytest_plugins = ["bed.cluster_fixtures"]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 _EXAMPLE = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())

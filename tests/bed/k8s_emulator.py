@@ -51,6 +51,8 @@ import kmock
 import yaml
 from typing_extensions import Self
 
+from .kubelet_status import kubelet_pod_status
+
 logger = logging.getLogger(__name__)
 
 Body = dict[str, Any]
@@ -757,6 +759,18 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
             subresource=subresource,
         )
 
+    async def _serve_dry_run_create(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """A dry-run create: the object back when it does not exist yet, nothing stored (creates only)."""
+        raw = request._raw_request
+        assert raw is not None and request.resource is not None
+        if raw.method.upper() != "POST" or request.name is not None:
+            raise _bad_request("the emulator supports dryRun on create only")
+        body = await raw.json()
+        name = (body.get("metadata") or {}).get("name")
+        if name and self.get_object(request.resource, request.namespace, name) is not None:
+            raise _error(409, "AlreadyExists", f'{request.resource.plural} "{name}" already exists')
+        return aiohttp.web.json_response(body, status=201)
+
     async def _serve(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
         assert raw is not None  # always set for requests that came over HTTP
@@ -772,7 +786,7 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
         if request.subresource is not None and request.subresource not in info.subresources:
             raise _error(404, "NotFound", f"{res.plural}/{request.subresource} is not served here")
         if "dryRun" in request.params:
-            raise _bad_request("dryRun is not supported by the emulator")
+            return await self._serve_dry_run_create(request)
 
         method, name, params = raw.method.upper(), request.name, request.params
         if res == PODS and request.subresource == "log" and name is not None and method == "GET":
@@ -1623,84 +1637,6 @@ class KubernetesApiEmulator(kmock.KubernetesEmulator):
 # --------------------------------------------------------------------------------------------------
 # Running it: a thread with its own event loop, a kubeconfig, synchronous helpers.
 # --------------------------------------------------------------------------------------------------
-
-
-def kubelet_pod_status(
-    pod: Mapping[str, Any],
-    phase: str,
-    *,
-    exit_code: int | None = None,
-    reason: str | None = None,
-    message: str | None = None,
-    ready: bool | None = None,
-    restart_count: int | None = None,
-) -> Body:
-    """
-    The status a kubelet reports for a pod in a phase: conditions and per-container states.
-
-    Running: containers running (ready unless ready=False). Succeeded/Failed: containers terminated
-    with exit_code (default 0 / 1) and reason (default Completed / Error). Pending: containers
-    waiting with reason (default ContainerCreating). restart_count defaults to the current count.
-    """
-    now = _now()
-    old_status = pod.get("status") or {}
-    old_containers = {status["name"]: status for status in old_status.get("containerStatuses") or []}
-    is_ready = False
-    if phase == "Running":
-        state: Body = {"running": {"startedAt": now}}
-        is_ready = ready is not False
-    elif phase in ("Succeeded", "Failed"):
-        code = exit_code if exit_code is not None else (0 if phase == "Succeeded" else 1)
-        state = {
-            "terminated": {
-                "exitCode": code,
-                "reason": reason or ("Completed" if code == 0 else "Error"),
-                "startedAt": pod["metadata"]["creationTimestamp"],
-                "finishedAt": now,
-            }
-        }
-        if message:
-            state["terminated"]["message"] = message
-    elif phase == "Pending":
-        state = {"waiting": {"reason": reason or "ContainerCreating"}}
-    else:  # Unknown: the node lost contact; nothing is known about the containers
-        state = {}
-    container_statuses = [
-        {
-            "name": container["name"],
-            "image": container.get("image", ""),
-            "imageID": "",
-            "ready": is_ready,
-            "started": phase == "Running",
-            "state": state,
-            "restartCount": (
-                restart_count
-                if restart_count is not None
-                else old_containers.get(container["name"], {}).get("restartCount", 0)
-            ),
-        }
-        for container in (pod.get("spec") or {}).get("containers") or []
-    ]
-    ready_status = "True" if is_ready else "False"
-    status: Body = {
-        "phase": phase,
-        "conditions": [
-            {"type": condition, "status": value, "lastTransitionTime": now}
-            for condition, value in (
-                ("PodScheduled", "True"),
-                ("Initialized", "True"),
-                ("ContainersReady", ready_status),
-                ("Ready", ready_status),
-            )
-        ],
-        "containerStatuses": container_statuses,
-        "hostIP": "127.0.0.1",
-        "podIP": old_status.get("podIP") or f"10.0.{random.randint(0, 255)}.{random.randint(1, 254)}",
-        "startTime": old_status.get("startTime") or now,
-    }
-    if message:
-        status["message"] = message
-    return status
 
 
 def write_kubeconfig(path: pathlib.Path, server: str, namespace: str = "default") -> pathlib.Path:

@@ -108,8 +108,8 @@ def _template_field(role: str) -> Any:
 # `fieldPath` (so each message names its field).
 _STANDARD_RESOURCE_CEL = "k in ['cpu', 'memory', 'ephemeral-storage']"
 _RESOURCE_NAME_CEL = (
-    f"{_STANDARD_RESOURCE_CEL} || k.matches('^hugepages-{kube.QUANTITY_PATTERN[1:]}') || "
-    f"(k.contains('/') && !k.contains('kubernetes.io/') && k.matches('{kube.QUALIFIED_NAME_PATTERN}'))"
+    f"{_STANDARD_RESOURCE_CEL} || k.matches(r'^hugepages-{kube.QUANTITY_PATTERN[1:]}') || "
+    f"(k.contains('/') && !k.contains('kubernetes.io/') && k.matches(r'{kube.QUALIFIED_NAME_PATTERN}'))"
 )
 _HUGEPAGES_CEL = "exists(k, k.startsWith('hugepages-'))"
 def _names_valid(names: Any) -> bool:
@@ -145,7 +145,7 @@ RESOURCES_RULES = (
          or bool({*r.requests, *r.limits} & {"cpu", "memory"})),
 )
 NODE_SELECTOR_RULES: list[Any] = [
-    {"rule": f"self.all(k, k.matches('{kube.QUALIFIED_NAME_PATTERN}'))",
+    {"rule": f"self.all(k, k.matches(r'{kube.QUALIFIED_NAME_PATTERN}'))",
      "message": "node selector keys must be label keys: an optional DNS-subdomain prefix and '/', then at most "
                 "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"},
 ]
@@ -858,7 +858,7 @@ def _valid_job_name(name: str) -> bool:
 
 JOB_RULES = (Rule(
     f"self.metadata.name.size() <= {kube.JOB_NAME_MAX_LENGTH} && "
-    f"self.metadata.name.matches('{kube.DNS_1035_LABEL_PATTERN}')",
+    f"self.metadata.name.matches(r'{kube.DNS_1035_LABEL_PATTERN}')",
     f"metadata.name must be a DNS-1035 label of at most {kube.JOB_NAME_MAX_LENGTH} characters "
     "(lowercase letters, digits and '-', starting with a letter): the job's pods and Services are named after it",
     lambda job: _valid_job_name(job.metadata.name)),)

@@ -140,10 +140,14 @@ class Applied:
 class ChildWriter:
     """Carries out a plan's deletions and creations (create-if-absent) for one job.
 
-    What pods need (the Ray token, the learner's job ConfigMap, Services, NetworkPolicies) is created
-    first; pods follow only once all of it exists, in batches that double while the API server accepts
-    them (1, 2, 4, ...), as Kubernetes' ReplicaSet and Job controllers create theirs: a quota or an
-    admission refusal stops the pass after one request, not after a whole job's worth.
+    Every object of a pass is first sent as a server-side dry run (`dryRun=All`: the API server's own
+    validation, admission and quota, nothing written), so that an object the server refuses (a 422
+    from a template mistake only the server knows, a 403 from Pod Security or a quota) stops the pass
+    before any object of it exists: no job is left half-built. Then what pods need (the Ray token, the
+    learner's job ConfigMap, Services, NetworkPolicies) is created first; pods follow only once all
+    of it exists. Both go in batches that double while the API server accepts them (1, 2, 4, ...), as
+    Kubernetes' ReplicaSet and Job controllers create theirs: a refusal stops the pass after one
+    request, not after a whole job's worth.
     """
 
     def __init__(self, runtime: Runtime, body: kopf.Body):
@@ -166,15 +170,21 @@ class ChildWriter:
         if job is not None and any(_component(pod) == Component.LEARNER for pod in pods):
             needed.append(builders.build_job_spec_config_map(job))
         builders.adopt([*needed, *pods], owner=self.body)
-        await self._create(needed, out)
-        batch = 1
-        while pods and out.clean:
-            await self._create(pods[:batch], out)
-            pods, batch = pods[batch:], batch * 2
+        await self._in_batches([*needed, *pods], out, dry_run=True)
+        if out.clean:
+            await self._create(needed, out)
+            await self._in_batches(pods, out)
         return out
 
-    async def _create(self, manifests: list[dict[str, Any]], out: Applied) -> None:
-        results = await asyncio.gather(*(self.runtime.kube.create(m) for m in manifests), return_exceptions=True)
+    async def _in_batches(self, manifests: list[dict[str, Any]], out: Applied, *, dry_run: bool = False) -> None:
+        batch = 1
+        while manifests and out.clean:
+            await self._create(manifests[:batch], out, dry_run=dry_run)
+            manifests, batch = manifests[batch:], batch * 2
+
+    async def _create(self, manifests: list[dict[str, Any]], out: Applied, *, dry_run: bool = False) -> None:
+        results = await asyncio.gather(*(self.runtime.kube.create(m, dry_run=dry_run) for m in manifests),
+                                       return_exceptions=True)
         for manifest, result in zip(manifests, results, strict=True):
             name = manifest["metadata"]["name"]
             what = f"{manifest['kind']} {name}"
@@ -190,9 +200,9 @@ class ChildWriter:
                 out.error, created = out.error or result, False
             else:
                 created = True
-                if manifest["kind"] == "Pod":
+                if manifest["kind"] == "Pod" and not dry_run:
                     self.runtime.metrics.pods_created.labels(_component(manifest)).inc()
-            if created and manifest["kind"] == "Pod":
+            if created and manifest["kind"] == "Pod" and not dry_run:
                 out.created.add(name)
 
 

@@ -128,7 +128,9 @@ class Kube:
         data = await self._call(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
         return list(data.get("items") or [])
 
-    async def create(self, manifest: dict[str, Any]) -> None:
+    async def create(self, manifest: dict[str, Any], *, dry_run: bool = False) -> None:
+        """Create an object; with `dry_run`, only ask whether the server would (validation, admission,
+        quota), writing nothing."""
         namespace = manifest["metadata"]["namespace"]
         kind = manifest["kind"]
         fn = {
@@ -139,7 +141,7 @@ class Kube:
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Deployment": self.apps.create_namespaced_deployment,
         }[kind]
-        await self._call(fn, namespace, manifest, parse=False)
+        await self._call(fn, namespace, manifest, parse=False, **({"dry_run": "All"} if dry_run else {}))
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}

@@ -1,0 +1,296 @@
+"""
+A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, the binaries `scripts/build-control-plane` built from source.
+
+It is set up as a small production cluster is, not as envtest is: RBAC and the Node authorizer,
+service-account tokens signed by the API server (TokenRequest), every default admission plugin
+(ServiceAccount, PodSecurity, ResourceQuota, NamespaceLifecycle, ...) plus NodeRestriction, Pod
+Security `restricted` enforced in every namespace unless the namespace says otherwise, and an audit
+log of what every client other than the control plane's own components asked.
+
+Identities (a static token file; every component and test knows which one it uses):
+- `admin` (system:masters): the test itself, as a person with kubectl would be;
+- `system:kube-controller-manager`, `system:kube-scheduler`: the components;
+- `system:node:<NODE>` (system:nodes): the node the tests play the kubelet of.
+The operator never gets any of these: it runs with a TokenRequest token of the chart's ServiceAccount
+(`ControlPlane.service_account_kubeconfig`).
+
+Not run: a kubelet (the tests, and the node agent, play that part), kube-proxy and a CNI (Services
+get no endpoints traffic, NetworkPolicies are stored, not enforced), the node-lifecycle and
+taint-eviction controllers (the test node has no heartbeat to keep: without them nobody marks it
+unreachable in the middle of a long suite).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build-control-plane"
+
+NODE = "kuberl-node"
+ADMIN = "admin"
+#: The users whose requests the audit log leaves out: the control plane's own components talk a lot
+#: and are not what any test asks about.
+COMPONENT_USERS = ("system:kube-controller-manager", "system:kube-scheduler", "system:apiserver")
+#: kube-controller-manager's controllers, each with its own ServiceAccount in kube-system.
+COMPONENT_GROUPS = ("system:serviceaccounts:kube-system",)
+CONTROLLERS = "*,-node-lifecycle-controller,-taint-eviction-controller,-device-taint-eviction-controller"
+
+
+def bin_dir() -> Path:
+    """Where the built binaries are: $KUBERL_CONTROL_PLANE_BIN, else what the build script reports."""
+    override = os.environ.get("KUBERL_CONTROL_PLANE_BIN")
+    if override:
+        return Path(override)
+    found = subprocess.run([str(BUILD_SCRIPT), "--print-bin"], capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        raise RuntimeError("the control plane is not built: run ./scripts/build-control-plane "
+                           "(./scripts/test does; about 21 minutes on 2 cores the first time, then none)")
+    return Path(found.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _kubeconfig(server: str, ca: Path, token: str, namespace: str = "default", user: str = "user") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {
+            "server": server, "certificate-authority-data": base64.b64encode(ca.read_bytes()).decode()}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": user, "namespace": namespace}}],
+    }
+
+
+class ControlPlane:
+    """The four processes, their configuration in `work`, and kubeconfigs for each identity."""
+
+    def __init__(self, work: Path, binaries: Path | None = None):
+        self.work = work
+        self.bin = binaries or bin_dir()
+        self.tokens = {name: base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
+                       for name in (ADMIN, "controller-manager", "scheduler", "node")}
+        self.port = 0
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.audit_log = work / "audit.log"
+        self.ca = work / "pki" / "apiserver.crt"
+
+    # ---- files ----------------------------------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        pki = self.work / "pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")],
+                       check=True, capture_output=True)
+        self._serving_cert(pki)
+        (self.work / "tokens.csv").write_text("\n".join([
+            f"{self.tokens[ADMIN]},admin,admin,system:masters",
+            f"{self.tokens['controller-manager']},system:kube-controller-manager,kcm",
+            f"{self.tokens['scheduler']},system:kube-scheduler,scheduler",
+            f'{self.tokens["node"]},system:node:{NODE},node,"system:nodes"',
+        ]) + "\n")
+        # Every namespace is `restricted` unless labelled otherwise: what a careful platform team sets.
+        (self.work / "admission.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": "PodSecurity", "configuration": {
+                "apiVersion": "pod-security.admission.config.k8s.io/v1", "kind": "PodSecurityConfiguration",
+                "defaults": {"enforce": "restricted", "enforce-version": "latest",
+                             "audit": "restricted", "audit-version": "latest",
+                             "warn": "restricted", "warn-version": "latest"},
+                "exemptions": {"usernames": [], "runtimeClasses": [], "namespaces": ["kube-system"]}}}],
+        }))
+        (self.work / "audit-policy.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [
+                {"level": "None", "users": list(COMPONENT_USERS)},
+                {"level": "None", "userGroups": list(COMPONENT_GROUPS)},
+                # Every version of a job its writers made, whole: what a test reads a job's history from.
+                {"level": "RequestResponse", "verbs": ["create", "update", "patch", "delete"],
+                 "resources": [{"group": "kuberl.dev", "resources": ["rltrainingjobs", "rltrainingjobs/status"]}]},
+                {"level": "Metadata"},
+            ],
+        }))
+
+    def _serving_cert(self, pki: Path) -> None:
+        """A self-signed serving certificate for 127.0.0.1 and localhost, which is also the clients' CA."""
+        subprocess.run([
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+            "-keyout", str(pki / "apiserver.key"), "-out", str(self.ca), "-subj", "/CN=kube-apiserver",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+        ], check=True, capture_output=True)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, name: str, token: str, namespace: str = "default") -> Path:
+        """A kubeconfig file for a token (written once per name)."""
+        path = self.work / "kubeconfigs" / f"{name}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(_kubeconfig(self.server, self.ca, token, namespace, user=name)))
+        return path
+
+    # ---- processes --------------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: Sequence[str]) -> None:
+        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
+        self.processes[name] = subprocess.Popen([str(self.bin / name), *args], stdout=log, stderr=subprocess.STDOUT,
+                                                cwd=self.work, start_new_session=True)
+
+    def _check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.work / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail}")
+
+    def start(self, timeout: float = 120) -> ControlPlane:
+        self._write_config()
+        etcd_client, etcd_peer, self.port = free_port(), free_port(), free_port()
+        self._spawn("etcd", [
+            f"--data-dir={self.work / 'etcd'}", "--name=default", "--log-level=error",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+            # A test cluster's data is thrown away: no fsync (etcd >= 3.5).
+            "--unsafe-no-fsync=true",
+        ])
+        pki = self.work / "pki"
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={self.ca}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--token-auth-file={self.work / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # The `kubernetes` Service would point at 127.0.0.1, which the server refuses to publish:
+            # nothing in a pod talks to the API server through it here (the operator runs beside it).
+            "--endpoint-reconciler-type=none",
+            # Privileged pods are allowed by the server, as on most clusters: Pod Security is what refuses them.
+            "--allow-privileged=true",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--admission-control-config-file={self.work / 'admission.yaml'}",
+            f"--audit-policy-file={self.work / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking", "--audit-log-maxsize=0",
+            "--profiling=false", "--v=1",
+        ])
+        self._wait_ready(timeout)
+        for name, token in (("kube-controller-manager", "controller-manager"), ("kube-scheduler", "scheduler")):
+            kubeconfig = self.kubeconfig(name, self.tokens[token])
+            extra = []
+            if name == "kube-controller-manager":
+                extra = [f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={self.ca}",
+                         "--use-service-account-credentials=true", f"--controllers={CONTROLLERS}",
+                         # Namespaces of finished tests go quickly; the default syncs every 5 minutes.
+                         "--concurrent-namespace-syncs=4"]
+            self._spawn(name, [f"--kubeconfig={kubeconfig}", "--leader-elect=false", "--secure-port=0",
+                               "--v=1", *extra])
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        request = urllib.request.Request(f"{self.server}/readyz",
+                                         headers={"Authorization": f"Bearer {self.tokens[ADMIN]}"})
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kube-apiserver not ready in {timeout} s; see {self.work}/kube-apiserver.log")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            process = self.processes.get(name)
+            if process is None or process.poll() is not None:
+                continue
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shutil.rmtree(self.work / "etcd", ignore_errors=True)
+
+    # ---- clients ------------------------------------------------------------------------------------------
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfig(ADMIN, self.tokens[ADMIN])
+
+    @property
+    def node_kubeconfig(self) -> Path:
+        return self.kubeconfig("node", self.tokens["node"])
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, stdin: str | None = None,
+                check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bin / "kubectl"), f"--kubeconfig={kubeconfig or self.admin_kubeconfig}", *args]
+        done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "KUBECACHEDIR": str(self.work / "kube-cache")})
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def apply(self, manifests: str | Sequence[Mapping[str, Any]], **kwargs: Any) -> None:
+        text = manifests if isinstance(manifests, str) else yaml.safe_dump_all(list(manifests))
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=text, **kwargs)
+
+    def service_account_token(self, namespace: str, name: str, hours: int = 6) -> str:
+        """A TokenRequest token of a ServiceAccount, as a pod of it would get (bound, expiring)."""
+        return self.kubectl("create", "token", name, "-n", namespace, f"--duration={hours}h").stdout.strip()
+
+    def service_account_kubeconfig(self, namespace: str, name: str, default_namespace: str = "default") -> Path:
+        token = self.service_account_token(namespace, name)
+        return self.kubeconfig(f"sa-{namespace}-{name}", token, default_namespace)
+
+    # ---- the audit log ----------------------------------------------------------------------------------
+
+    def audit_offset(self) -> int:
+        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+
+    def audit_events(self, since: int = 0) -> Iterator[dict[str, Any]]:
+        """Audit events written after byte `since`: one JSON object per finished request."""
+        with open(self.audit_log, "rb") as log:
+            log.seek(since)
+            for line in log:
+                if line.endswith(b"\n"):
+                    yield json.loads(line)
+
+
+@contextlib.contextmanager
+def running_control_plane(work: Path) -> Iterator[ControlPlane]:
+    plane = ControlPlane(work)
+    try:
+        yield plane.start()
+    finally:
+        plane.stop()
