@@ -44,6 +44,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "pods": ("/api/v1", True), "services": ("/api/v1", True), "events": ("/api/v1", True),
     "configmaps": ("/api/v1", True), "secrets": ("/api/v1", True), "serviceaccounts": ("/api/v1", True),
     "resourcequotas": ("/api/v1", True), "namespaces": ("/api/v1", False), "nodes": ("/api/v1", False),
+    "persistentvolumeclaims": ("/api/v1", True), "persistentvolumes": ("/api/v1", False),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True), "deployments": ("/apis/apps/v1", True),
     "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
 }
@@ -55,6 +56,21 @@ PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/jso
 def _plural(kind: str) -> str:
     lower = kind.lower()
     return lower + ("es" if lower.endswith("s") else "s") if not lower.endswith("y") else lower[:-1] + "ies"
+
+
+def volume_claim(name: str, namespace: str) -> list[Body]:
+    """A claim and a volume it binds to (the controller manager's binder binds them; the scheduler then
+    places pods that mount it). The volume is a hostPath nobody mounts: no kubelet runs the pods."""
+    volume = f"{namespace}-{name}"[:63]
+    return [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
+                  "storageClassName": "", "hostPath": {"path": f"/tmp/kuberl-test-volumes/{volume}"},
+                  "claimRef": {"namespace": namespace, "name": name}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": volume,
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ]
 
 
 class ApiError(Exception):

@@ -1,6 +1,7 @@
 """Malformed jobs (tests/data/malformed/*.yaml): refused with the field path, the value and what is allowed,
-with the same text by `kuberl validate` and by the operator, and - through the operator running for real
-against the API emulator - failed as InvalidSpec before any pod, Service or NetworkPolicy exists.
+with the same text by `kuberl validate` and by the operator, and, on a real API server, either refused by
+the server itself (the CRD's schema and CEL rules) or failed by the operator as InvalidSpec, before any pod,
+Service or NetworkPolicy exists.
 
 Each file names what it expects in its header: `# expect-path:` (a problem's field path) and
 `# expect-message:` (a fragment of that problem's message); `# expect-given: no` marks a problem with the
@@ -16,10 +17,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import kmock
 import pytest
 import yaml
-from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from bed.real_cluster import ApiError, ClusterNamespace
 from conftest import REPO
 from kuberl.api.load import InvalidJob, load_job_file
 from kuberl.operator import lifecycle
@@ -30,7 +30,6 @@ from kuberl.trainer.envs.resolve import check_environment
 
 MALFORMED = sorted((REPO / "tests" / "data" / "malformed").glob("*.yaml"))
 NS = "kuberl-malformed"
-NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 
 
 def expectation(path: Path) -> dict[str, str]:
@@ -96,58 +95,77 @@ def test_malformed_job_is_refused_naming_field_value_and_what_is_allowed(path, c
 
 
 @pytest.fixture(scope="module")
-def refused(tmp_path_factory) -> Iterator[tuple[EmulatedCluster, dict[str, dict]]]:
-    """One API emulator and one operator; every malformed job created at once, each waited for until Failed."""
+def refused(cluster_session, tmp_path_factory) -> Iterator[tuple[ClusterNamespace, dict[str, dict]]]:
+    """One namespace on the real API server and one operator; every malformed job created at once. Each
+    ends either refused by the API server itself (the CRD's schema and CEL rules, nothing stored) or
+    created and waited for until the operator failed it: {stem: {"refused": message} or the job's status}."""
     import kubernetes
     from bed.k8s_fixtures import run_kopf_in_thread
     from kuberl.operator.handlers import build_registry, memo_for
     from kuberl.operator.metrics import OperatorMetrics
     from kuberl.operator.runtime import OperatorConfig, Runtime
 
-    emulator = KubernetesApiEmulator(
-        crds=load_crds(), namespaces=["default", NS],
-        extra_resources={NETWORK_POLICIES: kmock.ResourceInfo(
-            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=ALL_VERBS,
-            shortnames={"netpol"}, categories=set(), subresources=set())})
-    with pytest.MonkeyPatch.context() as mp, \
-            EmulatedCluster(emulator, tmp_path_factory.mktemp("k8s"), namespace=NS) as cluster:
-        mp.setenv("KUBECONFIG", str(cluster.kubeconfig))
-        mp.setenv("KUBECACHEDIR", str(cluster.kubecache_dir))
-        mp.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
-        runtime = Runtime(OperatorConfig(reconcile_interval=0.5, idle_interval=0.5, progress_interval=0.2,
-                                         build=BuildOptions(trainer_image="kuberl-trainer:test")),
-                          api_client=cluster.api_client(), metrics=OperatorMetrics())
-        with run_kopf_in_thread(build_registry(login=False), namespaces=[NS], memo=memo_for(runtime)):
-            jobs = {p.stem: yaml.safe_load(p.read_text()) for p in MALFORMED if on_cluster(p)}
-            for body in jobs.values():
-                cluster.create(body, namespace=NS)
-            statuses = {
-                stem: cluster.wait_for("rltj", body["metadata"]["name"],
-                                       lambda obj: (obj.get("status") or {}).get("phase") == "Failed",
-                                       timeout=60)["status"]
-                for stem, body in jobs.items()
-            }
-            yield cluster, statuses
-    assert not emulator.internal_errors, emulator.internal_errors
+    cluster = ClusterNamespace(cluster_session, cluster_session.namespace_name("malformed"),
+                               tmp_path_factory.mktemp("malformed"))
+    cluster.create_namespace()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("KUBECONFIG", str(cluster.operator_kubeconfig))
+            mp.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.operator_kubeconfig))
+            runtime = Runtime(OperatorConfig(reconcile_interval=0.5, idle_interval=0.5, progress_interval=0.2,
+                                             build=BuildOptions(trainer_image="kuberl-trainer:test")),
+                              api_client=cluster.operator_api_client(), metrics=OperatorMetrics())
+            with run_kopf_in_thread(build_registry(login=False), namespaces=[cluster.namespace],
+                                    memo=memo_for(runtime)):
+                outcomes: dict[str, dict] = {}
+                jobs = {p.stem: yaml.safe_load(p.read_text()) for p in MALFORMED if on_cluster(p)}
+                for stem, body in jobs.items():
+                    body["metadata"]["namespace"] = cluster.namespace
+                    try:  # as `kubectl apply` sends it: unknown fields are refused, not pruned away
+                        cluster.create(body, fieldValidation="Strict")
+                    except ApiError as err:
+                        # 400: strict decoding (an unknown field); 422: the schema or a CEL rule
+                        assert err.status in (400, 422), err
+                        outcomes[stem] = {"refused": err.body["message"]}
+                for stem, body in jobs.items():
+                    if stem not in outcomes:
+                        outcomes[stem] = cluster.wait_for(
+                            "rltj", body["metadata"]["name"],
+                            lambda obj: (obj.get("status") or {}).get("phase") == "Failed", timeout=60)["status"]
+                yield cluster, outcomes
+    finally:
+        cluster.tear_down()
 
 
 @pytest.mark.parametrize("path", [p for p in MALFORMED if on_cluster(p)], ids=lambda p: p.stem)
-def test_operator_fails_the_malformed_job_as_invalid_spec_before_any_pod_exists(refused, path, capsys):
-    cluster, statuses = refused
+def test_the_server_or_the_operator_refuses_the_malformed_job_before_any_child_exists(refused, path, capsys):
+    cluster, outcomes = refused
     expected = expectation(path)
     name = yaml.safe_load(path.read_text())["metadata"]["name"]
-    status = statuses[path.stem]
-    assert status["reason"] == "InvalidSpec"
-    assert expected["expect-path"] in status["message"] and expected["expect-message"] in status["message"]
-    assert status["message"] == "; ".join(cli_problems(path, capsys))  # word for word what `kuberl validate` says
-    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
-    # Every status the job ever had was Failed: it never went through Pending or Starting.
-    phases = {(version.get("status") or {}).get("phase") for version in cluster.history("rltj", name) if version}
-    assert phases <= {None, "Failed"}
-    assert "InvalidSpec" in [e["reason"] for e in cluster.events(NS, involved_name=name)]
+    outcome = outcomes[path.stem]
+    if "refused" in outcome:
+        # `kubectl apply` would print this: the server's own message, naming the field or the one holding it
+        # (a CEL rule over a map names the map, not the key).
+        assert names_the_field(expected["expect-path"], outcome["refused"]), outcome["refused"]
+        assert cluster.get("rltj", name) is None
+    else:
+        assert outcome["reason"] == "InvalidSpec"
+        assert expected["expect-path"] in outcome["message"] and expected["expect-message"] in outcome["message"]
+        assert outcome["message"] == "; ".join(cli_problems(path, capsys))  # word for word `kuberl validate`
+        failed = next(c for c in outcome["conditions"] if c["type"] == "Failed")
+        assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
+        # Every status the job ever had was Failed: it never went through Pending or Starting.
+        phases = {(version.get("status") or {}).get("phase") for version in cluster.history("rltj", name) if version}
+        assert phases <= {None, "Failed"}
+        assert "InvalidSpec" in [e["reason"] for e in cluster.events(involved_name=name)]
     # Nothing was created for it, or for any other malformed job: not a pod, Service or NetworkPolicy.
-    created = [(r.resource.plural, r.url) for r in cluster.emulator
-               if r.method == "POST" and r.resource and r.resource.plural in ("pods", "services", "networkpolicies")]
+    created = [e["requestURI"] for e in cluster.requests()
+               if e["verb"] == "create" and e["objectRef"]["resource"] in ("pods", "services", "networkpolicies")]
     assert created == []
-    assert cluster.list("pods", namespace=NS) == [] and cluster.list("services", namespace=NS) == []
+    assert cluster.list("pods") == [] and cluster.list("services") == []
+
+
+def names_the_field(path: str, message: str) -> bool:
+    """Whether a server's refusal names the field at `path` (our wording) or the map or object holding it."""
+    segments = [segment for segment in re.sub(r"\[[^\]]*\]", "", path).split(".") if segment]
+    return any(segment in message for segment in segments[-3:])  # (a map key may hold dots itself)

@@ -1,14 +1,11 @@
-"""spec.serving: the model's checks, the pure builders (dict asserts), and the operator for real on the API
-emulator creating the serving Deployment and Service once the job succeeds."""
+"""spec.serving: the model's checks, the pure builders (dict asserts), and the operator for real on a real API
+server creating the serving Deployment and Service once the job succeeds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import kmock
 import kubernetes_validate
 import pytest
-from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
+from bed.real_cluster import volume_claim
 from kuberl.api.load import InvalidJob, parse_job
 from kuberl.operator import builders, names
 from kuberl.operator.builders import BuildOptions
@@ -17,8 +14,6 @@ from pod_security import assert_restricted
 OPTIONS = BuildOptions(trainer_image="registry.local/kuberl-trainer:test")
 NS = "kuberl-test"
 JOB = "cartpole-ppo"
-DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
-NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 
 
 def serving_job(job_dict: dict, **serving) -> dict:
@@ -114,24 +109,12 @@ def test_no_serving_builds_nothing(job_dict):
     assert builders.build_serving(job, OPTIONS) == [] and builders.serving_endpoint(job) is None
 
 
-# ---- the operator for real, on the API emulator ----------------------------------------------------------
+# ---- the operator for real, on the real API server ----------------------------------------------------------
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch) -> Iterator[EmulatedCluster]:
-    import kubernetes
-
-    emulator = KubernetesApiEmulator(crds=load_crds(), namespaces=["default", NS], extra_resources={
-        DEPLOYMENTS: kmock.ResourceInfo(kind="Deployment", singular="deployment", namespaced=True, verbs=ALL_VERBS,
-                                        shortnames={"deploy"}, categories=set(), subresources={"status", "scale"}),
-        NETWORK_POLICIES: kmock.ResourceInfo(kind="NetworkPolicy", singular="networkpolicy", namespaced=True,
-                                             verbs=ALL_VERBS, shortnames={"netpol"}, categories=set(),
-                                             subresources=set())})
-    with EmulatedCluster(emulator, tmp_path / "k8s", namespace=NS) as running:
-        monkeypatch.setenv("KUBECONFIG", str(running.kubeconfig))
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(running.kubeconfig))
-        yield running
-    assert not emulator.internal_errors, emulator.internal_errors
+def cluster(kube):
+    return kube
 
 
 def test_operator_creates_the_serving_deployment_and_service_once_the_job_succeeds(cluster, job_dict):
@@ -142,21 +125,25 @@ def test_operator_creates_the_serving_deployment_and_service_once_the_job_succee
 
     config = OperatorConfig(reconcile_interval=0.5, idle_interval=0.5, progress_interval=0.2,
                             build=BuildOptions(trainer_image="kuberl-trainer:test"))
-    runtime = Runtime(config, api_client=cluster.api_client())
+    runtime = Runtime(config, api_client=cluster.operator_api_client())
     job_dict["spec"]["rolloutWorkers"]["replicas"] = 1
-    with run_kopf_in_thread(build_registry(login=False), namespaces=[NS], memo=memo_for(runtime)):
-        job = cluster.create(serving_job(job_dict), namespace=NS)
+    with run_kopf_in_thread(build_registry(login=False), namespaces=[cluster.namespace], memo=memo_for(runtime)):
+        body = serving_job(job_dict)
+        body["metadata"]["namespace"] = cluster.namespace
+        for manifest in volume_claim("cartpole-checkpoints", cluster.namespace):
+            cluster.create(manifest)
+        job = cluster.create(body, namespace=cluster.namespace)
         learner = names.learner_pod(JOB)
         for pod in (names.head_pod(JOB), learner, names.worker_pod(JOB, 0)):
             cluster.wait_for("pods", pod)
-            cluster.set_pod_phase(NS, pod, "Running")
+            cluster.set_pod_phase(cluster.namespace, pod, "Running")
         cluster.wait_for("rltj", JOB, lambda o: (o.get("status") or {}).get("phase") == "Running")
         assert cluster.get("deployments", f"{JOB}-serving") is None  # nothing to serve while training
 
-        cluster.set_pod_phase(NS, learner, "Succeeded")
+        cluster.set_pod_phase(cluster.namespace, learner, "Succeeded")
         done = cluster.wait_for("rltj", JOB, lambda o: (o.get("status") or {}).get("servingEndpoint"))
         assert done["status"]["phase"] == "Succeeded"
-        assert done["status"]["servingEndpoint"] == f"http://{JOB}-serving.{NS}.svc:8000"
+        assert done["status"]["servingEndpoint"] == f"http://{JOB}-serving.{cluster.namespace}.svc:8000"
         deployment = cluster.wait_for("deployments", f"{JOB}-serving")
         service = cluster.wait_for("services", f"{JOB}-serving")
         for child in (deployment, service):
@@ -171,5 +158,6 @@ def test_operator_creates_the_serving_deployment_and_service_once_the_job_succee
     allowed = {(g, r, v) for rule in rbac.RULES for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert ("apps", "deployments", "create") in allowed
-    posted = {(r.resource.group, r.resource.plural) for r in cluster.emulator if r.method == "POST" and r.resource}
+    posted = {(e["objectRef"].get("apiGroup", ""), e["objectRef"]["resource"]) for e in cluster.requests()
+              if e["verb"] == "create" and e["responseStatus"]["code"] == 201}
     assert ("apps", "deployments") in posted
