@@ -1,8 +1,12 @@
 """
-The test bed: stand-ins for a Kubernetes cluster, so the operator's tests and the cluster benchmarks
-run on a machine that has none (ARCHITECTURE.md, "The test bed on a machine without a cluster").
+The test bed: a Kubernetes cluster on a machine that has none (ARCHITECTURE.md, "The test bed").
 
-- `k8s_emulator`: the API server. KMock's Kubernetes emulator (`kmock.KubernetesEmulator`) with the
+- `control_plane`: a real etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from
+  source by scripts/build-control-plane; `real_cluster` and `cluster_fixtures` (`cluster_session`,
+  `kube`): the session's cluster, the operator's ServiceAccount, a namespace per test, the audit log.
+  The operator's integration tests run on it.
+- `kubelet_status`: the status a kubelet writes for a pod phase, for every bed that plays the kubelet.
+- `k8s_emulator`: the emulated API server the end-to-end tests still use. KMock's Kubernetes emulator (`kmock.KubernetesEmulator`) with the
   fixes kopf, the `kubernetes` client and kubectl need (discovery, watches that resume, optimistic
   concurrency, garbage collection, ...), served over real HTTP by `EmulatedCluster`.
 - `k8s_fixtures`: the pytest fixtures over it (`k8s_cluster`, `k8s_api`, `run_kopf`): a fresh

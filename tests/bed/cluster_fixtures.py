@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
-from .real_cluster import ClusterNamespace, ClusterSession, cluster_session as _cluster_session
+from .real_cluster import ClusterNamespace, ClusterSession
+from .real_cluster import cluster_session as _cluster_session
 
 __all__ = ["cluster_session", "kube"]
 

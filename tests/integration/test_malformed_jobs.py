@@ -21,6 +21,7 @@ import pytest
 import yaml
 from bed.real_cluster import ApiError, ClusterNamespace
 from conftest import REPO
+
 from kuberl.api.load import InvalidJob, load_job_file
 from kuberl.operator import lifecycle
 from kuberl.operator.builders import BuildOptions
@@ -101,6 +102,7 @@ def refused(cluster_session, tmp_path_factory) -> Iterator[tuple[ClusterNamespac
     created and waited for until the operator failed it: {stem: {"refused": message} or the job's status}."""
     import kubernetes
     from bed.k8s_fixtures import run_kopf_in_thread
+
     from kuberl.operator.handlers import build_registry, memo_for
     from kuberl.operator.metrics import OperatorMetrics
     from kuberl.operator.runtime import OperatorConfig, Runtime

@@ -13,12 +13,13 @@ import kmock
 import pytest
 from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
 from bed.k8s_fixtures import run_kopf_in_thread
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.handlers import build_registry, memo_for
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import OperatorConfig, Runtime
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 NS, JOB = "kuberl-test", "cartpole-ppo"
 WAIT = 30

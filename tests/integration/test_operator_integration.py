@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 import yaml
 from bed.real_cluster import ClusterNamespace
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from kuberl.operator import rbac
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.handlers import build_registry, memo_for
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import OperatorConfig, Runtime
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 JOB = "cartpole-ppo"
 HEAD, LEARNER = f"{JOB}-head", f"{JOB}-learner"

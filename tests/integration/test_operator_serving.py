@@ -6,10 +6,11 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 from bed.real_cluster import volume_claim
+from pod_security import assert_restricted
+
 from kuberl.api.load import InvalidJob, parse_job
 from kuberl.operator import builders, names
 from kuberl.operator.builders import BuildOptions
-from pod_security import assert_restricted
 
 OPTIONS = BuildOptions(trainer_image="registry.local/kuberl-trainer:test")
 NS = "kuberl-test"
@@ -119,6 +120,7 @@ def cluster(kube):
 
 def test_operator_creates_the_serving_deployment_and_service_once_the_job_succeeds(cluster, job_dict):
     from bed.k8s_fixtures import run_kopf_in_thread
+
     from kuberl.operator import rbac
     from kuberl.operator.handlers import build_registry, memo_for
     from kuberl.operator.runtime import OperatorConfig, Runtime
