@@ -47,6 +47,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "persistentvolumeclaims": ("/api/v1", True), "persistentvolumes": ("/api/v1", False),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True), "deployments": ("/apis/apps/v1", True),
     "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
+    "priorityclasses": ("/apis/scheduling.k8s.io/v1", False),
 }
 ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies"}
 PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
@@ -98,9 +99,15 @@ class Rest:
 
     def call(self, method: str, url: str, *, body: Any = None, params: Mapping[str, str] | None = None,
              content_type: str = "application/json") -> Body | None:
-        answer = self.session.request(method, url, params=params, timeout=30,
-                                      data=None if body is None else json.dumps(body),
-                                      headers={"Content-Type": content_type})
+        for _ in range(20):
+            answer = self.session.request(method, url, params=params, timeout=30,
+                                          data=None if body is None else json.dumps(body),
+                                          headers={"Content-Type": content_type})
+            # 429 (a resource's storage re-initialising after its CRD changed, priority and fairness):
+            # wait as the server says and ask again, as client-go does.
+            if answer.status_code != 429:
+                break
+            time.sleep(min(float(answer.headers.get("Retry-After") or 1), 5))
         if answer.status_code == 404 and method in ("GET", "DELETE"):
             return None
         payload = answer.json() if answer.content else {}
@@ -248,6 +255,7 @@ class ClusterNamespace:
         self.operator_kubeconfig = workdir / "operator-kubeconfig.yaml"
         config = yaml.safe_load(session.operator_kubeconfig.read_text())
         config["contexts"][0]["context"]["namespace"] = namespace
+        self.operator_token = config["users"][0]["user"]["token"]
         self.operator_kubeconfig.write_text(yaml.safe_dump(config))
 
     # ---- set-up ------------------------------------------------------------------------------------------

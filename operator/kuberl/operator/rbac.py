@@ -14,25 +14,30 @@ from kuberl.api.job import GROUP, PLURAL
 
 #: Rules on namespaced resources: granted cluster-wide (ClusterRole) or in one namespace (Role).
 RULES: list[dict[str, list[str]]] = [
-    # The jobs: watched by kopf, annotated by kopf (patch), deleted by ttlSecondsAfterFinished.
-    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch", "patch", "delete"]},
-    # Status goes out through the status subresource (kopf's patch.status).
-    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch", "update"]},
+    # The jobs: listed and watched by kopf, patched by kopf (its finalizer and annotations), deleted by
+    # ttlSecondsAfterFinished. Never read one by one: kopf works from its watch.
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["list", "watch", "patch", "delete"]},
+    # Status goes out as a merge patch of the status subresource (kopf's and the reconcile loop's).
+    {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]},
     # Children carry ownerReferences with blockOwnerDeletion, which needs update on the owner's
-    # finalizers where the OwnerReferencesPermissionEnforcement admission plugin is on.
+    # finalizers where the OwnerReferencesPermissionEnforcement admission plugin is on (the tests' API
+    # server runs it): an authorization check on every child's create, not a request of its own.
     {"apiGroups": [GROUP], "resources": [f"{PLURAL}/finalizers"], "verbs": ["update"]},
-    # Children: Ray head, rollout workers and learner pods, the head Service, the Ray NetworkPolicy.
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch", "create", "delete"]},
-    # Each job's Ray token: created once, deleted with the job, never read back (no get, list or watch,
-    # so the operator's credentials cannot read any Secret, its own jobs' included).
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete"]},
-    # Each learner's job file (immutable, named by its content): created, then gone with the job.
+    # Pods: listed per job and watched (kopf's pod events), created, and deleted when replaced,
+    # suspended or finished. Everything else a job owns is created once and removed by the garbage
+    # collector with the job, so the operator neither reads nor deletes it.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
+    # The head and metrics Services; spec.serving's Service too.
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
+    # Each job's Ray token: created once, never read back (no get, list or watch, so the operator's
+    # credentials cannot read any Secret, its own jobs' included).
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    # Each learner's job file (immutable, named by its content).
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
-     "verbs": ["get", "list", "watch", "create", "delete"]},
-    # spec.serving: the Deployment serving the trained policy (its Service is under services above).
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    # The Ray and learner NetworkPolicies of each job.
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
+    # spec.serving: the Deployment serving the trained policy.
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
     # Kubernetes Events on every phase transition (kopf posts core/v1 Events).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
