@@ -1,7 +1,7 @@
-"""Generate the RLTrainingJob CustomResourceDefinition from the pydantic model.
+"""Generate the RLTrainingJob and RLSweep CustomResourceDefinitions from the pydantic models.
 
-`kuberl crd` prints it; `crds/rltrainingjob.yaml` and the chart's copy are this output, and a test
-fails when either differs.
+`kuberl crd` prints them; `crds/rltrainingjob.yaml`, `crds/rlsweep.yaml` and the chart's copies are this
+output, and a test fails when one differs.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from kuberl.api import job as m
-from kuberl.api.rules import schema_entries
+from kuberl.api import sweep as sw
+from kuberl.api.rules import Rule, schema_entries
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
@@ -34,6 +35,10 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Turn pydantic's JSON schema into a Kubernetes structural schema (no $ref, anyOf null, titles)."""
     if schema.get("x-kubernetes-int-or-string"):
         return dict(schema)  # already structural (a pod template's IntOrString or Quantity)
+    if schema.get("x-kuberl-any-value"):
+        # Any JSON value (a sweep's values: numbers, bools or names): a node that keeps unknown fields may
+        # leave out its type, and only such a node may.
+        return {"x-kubernetes-preserve-unknown-fields": True}
     if "$ref" in schema:
         name = schema["$ref"].split("/")[-1]
         merged = {**defs[name], **{k: v for k, v in schema.items() if k != "$ref"}}
@@ -108,22 +113,64 @@ def open_api_schema() -> dict[str, Any]:
 
 
 def crd() -> dict[str, Any]:
+    return _crd(m.KIND, m.PLURAL, m.SINGULAR, m.SHORT_NAMES, PRINTER_COLUMNS, open_api_schema())
+
+
+SWEEP_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Sampler", "type": "string", "jsonPath": ".spec.search.sampler", "description": "How configurations "
+     "are chosen."},
+    {"name": "Trials", "type": "integer", "jsonPath": ".spec.maxTrials", "description": "Most trials."},
+    {"name": "Seeds", "type": "integer", "jsonPath": ".spec.seeds", "description": "Trials per configuration."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+SWEEP_RULES = (Rule(f"self.metadata.name.size() <= {sw.SWEEP_NAME_MAX_LENGTH}",
+                    f"metadata.name must be at most {sw.SWEEP_NAME_MAX_LENGTH} characters: each trial is a job "
+                    "named <sweep>-t<number>",
+                    lambda s: len(s.metadata.name) <= sw.SWEEP_NAME_MAX_LENGTH),)
+
+
+def sweep_open_api_schema() -> dict[str, Any]:
+    spec_schema = sw.RLSweepSpec.model_json_schema(by_alias=True, mode="validation")
+    spec = _structural(spec_schema, spec_schema.get("$defs", {}))
+    spec["description"] = "A job template, the parameters to vary, seeds per configuration, search and budget."
+    return {
+        "type": "object",
+        "required": ["spec"],
+        "x-kubernetes-validations": schema_entries(SWEEP_RULES),
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                       "description": "Observed state, written by the operator."},
+        },
+    }
+
+
+def sweep_crd() -> dict[str, Any]:
+    return _crd(sw.KIND, sw.PLURAL, sw.SINGULAR, sw.SHORT_NAMES, SWEEP_PRINTER_COLUMNS, sweep_open_api_schema())
+
+
+def _crd(kind: str, plural: str, singular: str, short_names: list[str], columns: list[Any],
+         schema: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{m.PLURAL}.{m.GROUP}",
+            "name": f"{plural}.{m.GROUP}",
             "labels": {"app.kubernetes.io/name": "kuberl", "app.kubernetes.io/part-of": "kuberl"},
         },
         "spec": {
             "group": m.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": m.KIND,
-                "listKind": f"{m.KIND}List",
-                "plural": m.PLURAL,
-                "singular": m.SINGULAR,
-                "shortNames": list(m.SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": ["kuberl", "all"],
             },
             "versions": [
@@ -132,8 +179,8 @@ def crd() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": open_api_schema()},
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
@@ -143,6 +190,11 @@ def crd() -> dict[str, Any]:
 def crd_yaml() -> str:
     header = "# Generated by `kuberl crd` from kuberl.api.job. Do not edit by hand.\n"
     return header + yaml.dump(crd(), Dumper=_NoAliases, sort_keys=False, width=110)
+
+
+def sweep_crd_yaml() -> str:
+    header = "# Generated by `kuberl crd --kind RLSweep` from kuberl.api.sweep. Do not edit by hand.\n"
+    return header + yaml.dump(sweep_crd(), Dumper=_NoAliases, sort_keys=False, width=110)
 
 
 class _NoAliases(yaml.SafeDumper):

@@ -1,4 +1,4 @@
-"""`kuberl`: validate a job file, train it locally or as the learner of a cluster job, print the CRD.
+"""`kuberl`: check a job or sweep file, train a job (locally or as a cluster learner), run a sweep, print a CRD.
 
 Exit status: 0 success, 2 invalid input (nothing started), 1 a failure while training.
 """
@@ -6,6 +6,7 @@ Exit status: 0 success, 2 invalid input (nothing started), 1 a failure while tra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,22 @@ def _print_problems(err) -> None:
     write_termination_message(text)
 
 
+def _is_sweep_file(path: str) -> bool:
+    """Whether a file says `kind: RLSweep` at the top level: `kuberl validate` judges it as a sweep."""
+    import re
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20).decode("utf-8", errors="replace")
+    except OSError:
+        return False  # the job loader reports the unreadable file
+    return re.search(r"^kind:\s*[\"']?RLSweep[\"']?\s*(#.*)?$", head, re.MULTILINE) is not None
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
+    if _is_sweep_file(args.job):
+        args.sweep, args.validate_only, args.parallel = args.job, True, None
+        return _cmd_sweep(args)
     from kuberl.api.load import InvalidJob, load_job_file
     from kuberl.api.tenancy import Allowance, Tenancy
     from kuberl.trainer.envs.resolve import check_environment
@@ -56,9 +72,9 @@ def _read_bounded(path: str, limit: int) -> str:
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from kuberl.api.crd import crd_yaml
+    from kuberl.api.crd import crd_yaml, sweep_crd_yaml
 
-    text = crd_yaml()
+    text = sweep_crd_yaml() if args.kind == "RLSweep" else crd_yaml()
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -140,6 +156,47 @@ def _cmd_train(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from kuberl.api.load import InvalidJob, parse_job
+    from kuberl.api.sweep import InvalidSweep, load_sweep_file, trial_job
+    from kuberl.sweep.engine import SweepChanged
+    from kuberl.trainer.envs.resolve import check_environment
+
+    if args.parallel is not None and args.parallel < 1:
+        print(f"error: --parallel: at least 1 [given: {args.parallel}]", file=sys.stderr)
+        return 2
+    try:
+        sweep = load_sweep_file(args.sweep)
+        # The environment is checked once, on the template, as `kuberl validate` checks a job.
+        parse_job(trial_job(sweep, sweep.metadata.name, {}, sweep.spec.template.seed), source=args.sweep,
+                  check=check_environment)
+    except InvalidJob as err:
+        if not isinstance(err, InvalidSweep):
+            err = InvalidSweep([dataclasses.replace(p, path=f"spec.template.{p.path.removeprefix('spec.')}")
+                                for p in err.problems], args.sweep)
+        _print_problems(err)
+        return 2
+    if args.validate_only:
+        print(f"ok: {sweep.metadata.name}: {len(sweep.spec.parameters)} parameter(s), {sweep.spec.seeds} seed(s) "
+              f"per configuration, at most {sweep.spec.max_trials} trials")
+        return 0
+
+    from kuberl.trainer.sweep import SweepOptions, run_sweep
+
+    options = SweepOptions(directory=Path(args.dir) if args.dir else None, resume=args.resume,
+                           parallel=args.parallel, live=not args.no_progress and sys.stderr.isatty())
+    try:
+        run_sweep(sweep, options)
+    except (FileExistsError, SweepChanged) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: `kuberl sweep {args.sweep} --resume` continues it (finished trials are kept)",
+              file=sys.stderr)
+        return 130
+    return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -243,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check a job file; print every problem; exit 2 when invalid")
-    p.add_argument("job", help="RLTrainingJob YAML file")
+    p.add_argument("job", help="RLTrainingJob (or RLSweep) YAML file")
     p.add_argument("--pod-security", default="restricted", choices=["restricted", "baseline", "privileged"],
                    help="the Pod Security level the job's namespace allows its pods (the operator's default: "
                         "restricted; a platform team may allow more per namespace)")
@@ -252,8 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: none)")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("crd", help="print the RLTrainingJob CustomResourceDefinition generated from the model")
+    p = sub.add_parser("crd", help="print the RLTrainingJob (or RLSweep) CustomResourceDefinition generated from "
+                       "the model")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--kind", choices=["RLTrainingJob", "RLSweep"], default="RLTrainingJob", help="which resource")
     p.set_defaults(func=_cmd_crd)
 
     for name, helptext in (
@@ -269,6 +328,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, type=kind, help=f"{what} (overrides {path})")
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
         p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("sweep", help="run an RLSweep's trials here (embedded Ray), rank its configurations "
+                       "by IQM with bootstrap intervals")
+    p.add_argument("sweep", help="RLSweep YAML file")
+    p.add_argument("--dir", help="sweep directory (default sweeps/<sweep name>)")
+    p.add_argument("--resume", action="store_true", help="continue the sweep in its directory: finished trials "
+                   "are kept, interrupted ones run again")
+    p.add_argument("--parallel", type=int, help="most trials at once (default: spec.parallelism, within the cores)")
+    p.add_argument("--validate-only", action="store_true", help="check the file and exit")
+    p.add_argument("--no-progress", action="store_true", help="a log line per trial instead of the live table")
+    p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("export", help="write a run's newest loadable checkpoint as a self-contained policy artifact")
     p.add_argument("run_dir", help="run directory (job.yaml + checkpoints/)")

@@ -1,0 +1,247 @@
+"""A sweep's decisions, one call at a time: which trial to start next, whether a running trial should stop
+early, and what a finished trial scored. Optuna's samplers and pruners decide; its study (in memory, or a
+journal file that `--resume` reads back) remembers every trial.
+
+A trial is one run: a configuration (the parameters' values) on one seed. Configurations come from the
+sampler on their first seed; their other seeds are queued with the same values, seed by seed across
+configurations, so a pruner compares trials that started on equal terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from typing import Any
+
+import optuna
+
+from kuberl.api.sweep import (
+    DistributionType,
+    Metric,
+    Pruner,
+    RLSweep,
+    Sampler,
+    grid_size,
+    param_values,
+    resolve_path,
+    trial_job,
+)
+
+#: A trial's states, as the runner and the operator show them.
+RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
+_STATES = {optuna.trial.TrialState.RUNNING: RUNNING, optuna.trial.TrialState.COMPLETE: COMPLETE,
+           optuna.trial.TrialState.PRUNED: PRUNED, optuna.trial.TrialState.FAIL: FAILED}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialInfo:
+    """One trial: its number, configuration, values, seed, and (once reported) where it stands."""
+
+    number: int
+    configuration: int
+    params: dict[str, Any]
+    seed: int
+    state: str
+    value: float | None = None
+    last_step: int | None = None
+    last_report: float | None = None
+
+
+def spec_digest(sweep: RLSweep) -> str:
+    """What a resumed sweep must match: its spec, not its name or labels."""
+    text = json.dumps(sweep.spec.model_dump(mode="json", by_alias=True), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class SweepChanged(ValueError):
+    """The sweep file differs from the one its study was started with."""
+
+
+class SweepEngine:
+    """The study of one sweep. `storage` is Optuna's: None keeps it in memory; a JournalStorage on a file
+    lets a later process continue it (`resume=True`)."""
+
+    def __init__(self, sweep: RLSweep, storage: optuna.storages.BaseStorage | None = None, resume: bool = False):
+        optuna.logging.set_verbosity(logging.WARNING)
+        self.sweep = sweep
+        spec = sweep.spec
+        self.metric = spec.objective.metric
+        self.seeds = spec.seeds
+        self.configurations = grid_size(spec) if spec.search.sampler == Sampler.GRID else spec.max_trials // spec.seeds
+        self.max_trials = self.configurations * spec.seeds
+        self.every = spec.early_stopping.every_env_steps
+        self.study = optuna.create_study(
+            storage=storage, sampler=_sampler(sweep), pruner=_pruner(sweep), study_name=sweep.metadata.name,
+            direction="minimize" if self.metric == Metric.ENV_STEPS_TO_TARGET else "maximize",
+            load_if_exists=resume)
+        digest = spec_digest(sweep)
+        known = self.study.user_attrs.get("spec_digest")
+        if known is None:
+            self.study.set_user_attr("spec_digest", digest)
+        elif known != digest:
+            raise SweepChanged(f"the sweep {sweep.metadata.name} was started from a different spec: run it in a "
+                               "new directory, or put the file back as it was")
+        self._distributions = {p.path: _distribution(p) for p in spec.parameters}
+        self._trials: dict[int, optuna.trial.Trial] = {}
+        if resume:
+            self._requeue_interrupted()
+
+    # ---- the step-by-step interface --------------------------------------------------------------------
+
+    def next_trial(self) -> TrialInfo | None:
+        """The next trial to start, or None when every trial of the budget has started."""
+        frozen = self.study.get_trials(deepcopy=False)
+        if len(_runs(frozen)) >= self.max_trials:
+            return None
+        if not any(t.state == optuna.trial.TrialState.WAITING for t in frozen):
+            found = {t.user_attrs["configuration"] for t in frozen if "configuration" in t.user_attrs}
+            if len(found) >= self.configurations:
+                self._queue_next_seed(frozen)
+        trial = self.study.ask(self._distributions)
+        if "configuration" not in trial.user_attrs:  # a new configuration from the sampler, on its first seed
+            configuration = len({t.user_attrs.get("configuration") for t in frozen} - {None})
+            trial.set_user_attr("configuration", configuration)
+            trial.set_user_attr("seed", self.sweep.spec.template.seed)
+        self._trials[trial.number] = trial
+        return self._info(trial.number)
+
+    def report(self, number: int, env_steps: int, value: float | None) -> bool:
+        """A running trial's objective so far (its training return, or what it lacks to the target) at
+        `env_steps`; True when the pruner says stop it. Reports are kept at each multiple of
+        earlyStopping.everyEnvSteps, so trials are compared at the same steps whatever their batch size."""
+        trial = self._trials[number]
+        if value is None or not math.isfinite(value):
+            return False
+        step = (env_steps // self.every) * self.every
+        if step == 0 or step in self.study.get_trials(deepcopy=False)[number].intermediate_values:
+            return False
+        trial.report(self._intermediate(value), step)
+        return trial.should_prune()
+
+    def finish(self, number: int, state: str, value: float | None = None) -> None:
+        """A trial ended: COMPLETE with its objective, PRUNED (its last report stands), or FAILED."""
+        trial = self._trials.pop(number)
+        if state == COMPLETE and value is not None and math.isfinite(value):
+            self.study.tell(trial, value)
+        elif state == PRUNED:
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def trials(self) -> list[TrialInfo]:
+        """Every trial started, in order; of a run interrupted and started again, the last."""
+        latest = _runs(self.study.get_trials(deepcopy=False))
+        return [self._info(number) for number in sorted(latest.values())]
+
+    def trial_job(self, info: TrialInfo) -> dict[str, Any]:
+        """The RLTrainingJob manifest a trial runs: the template, its values and its seed."""
+        return trial_job(self.sweep, f"{self.sweep.metadata.name}-t{info.number:04d}", info.params, info.seed)
+
+    # ---- objective values --------------------------------------------------------------------------------
+
+    def final_value(self, summary: dict[str, Any]) -> float | None:
+        """A finished run's objective from its summary (summary.json)."""
+        if self.metric == Metric.MEAN_RETURN:
+            return summary.get("mean_return")
+        if self.metric == Metric.EVALUATION_RETURN:
+            return ((summary.get("evaluation") or {}).get("deterministic") or {}).get("mean_return")
+        if summary.get("stopped_by") == "target_return":
+            return float(summary["env_steps"])
+        # Never reached the target: it counts its whole budget (at least what it ran).
+        budget = self.sweep.spec.template.stopping.max_env_steps
+        return float(max(budget or 0, summary.get("env_steps", 0)))
+
+    def _intermediate(self, mean_return: float) -> float:
+        """What a running trial reports: its return, or for envStepsToTarget what it lacks to the target
+        (smaller is better either way the study is directed)."""
+        if self.metric == Metric.ENV_STEPS_TO_TARGET:
+            target = self.sweep.spec.template.stopping.target_return
+            return max(0.0, float(target or 0.0) - mean_return)
+        return mean_return
+
+    # ---- inside ----------------------------------------------------------------------------------------
+
+    def _queue_next_seed(self, frozen: list[optuna.trial.FrozenTrial]) -> None:
+        """Every configuration's next seed not yet run, in configuration order."""
+        runs: dict[int, tuple[dict[str, Any], set[int]]] = {}
+        for t in frozen:
+            configuration = t.user_attrs.get("configuration")
+            if configuration is not None:
+                runs.setdefault(configuration, (t.params, set()))[1].add(t.user_attrs["seed"])
+        base = self.sweep.spec.template.seed
+        for configuration in sorted(runs):
+            params, seeds = runs[configuration]
+            missing = [seed for seed in range(base, base + self.seeds) if seed not in seeds]
+            if missing:
+                self.study.enqueue_trial(params, user_attrs={"configuration": configuration, "seed": missing[0]},
+                                         skip_if_exists=False)
+
+    def _requeue_interrupted(self) -> None:
+        """Trials that were running when the last process stopped fail, and run again from the start."""
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            self.study.enqueue_trial(t.params, user_attrs={"configuration": t.user_attrs["configuration"],
+                                                           "seed": t.user_attrs["seed"]}, skip_if_exists=False)
+
+    def _info(self, number: int) -> TrialInfo:
+        t = self.study.get_trials(deepcopy=False)[number]
+        steps = sorted(t.intermediate_values)
+        last = t.intermediate_values[steps[-1]] if steps else None
+        return TrialInfo(t.number, t.user_attrs["configuration"], dict(t.params), t.user_attrs["seed"],
+                         _STATES.get(t.state, t.state.name.lower()), t.value, steps[-1] if steps else None, last)
+
+
+def _runs(frozen: list[optuna.trial.FrozenTrial]) -> dict[tuple[int, int], int]:
+    """The trial number of each (configuration, seed) started: the latest where one ran twice, none where
+    its latest is still queued (an interrupted trial waiting to run again)."""
+    latest = {(t.user_attrs["configuration"], t.user_attrs["seed"]): t for t in frozen
+              if "configuration" in t.user_attrs}
+    return {run: t.number for run, t in latest.items() if t.state != optuna.trial.TrialState.WAITING}
+
+
+def _choices(param) -> list[Any]:
+    field = resolve_path(param.path)
+    return [c.value if hasattr(c, "value") else c for c in param_values(param, field.annotation)]
+
+
+def _distribution(param) -> optuna.distributions.BaseDistribution:
+    if param.distribution is not None:
+        dist = param.distribution
+        if dist.type == DistributionType.INT:
+            return optuna.distributions.IntDistribution(int(dist.low), int(dist.high))
+        return optuna.distributions.FloatDistribution(dist.low, dist.high,
+                                                      log=dist.type == DistributionType.LOG_UNIFORM)
+    return optuna.distributions.CategoricalDistribution(_choices(param))
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, asked one trial at a time: its `after_trial` stops the study's optimize()
+    loop once the grid is done, which outside that loop is an error; the engine keeps its own count."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        return None
+
+
+def _sampler(sweep: RLSweep) -> optuna.samplers.BaseSampler:
+    search = sweep.spec.search
+    if search.sampler == Sampler.GRID:
+        space = {p.path: _choices(p) for p in sweep.spec.parameters}
+        return _GridSampler(space, seed=search.seed)
+    if search.sampler == Sampler.RANDOM:
+        return optuna.samplers.RandomSampler(seed=search.seed)
+    return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=min(10, max(1, sweep.spec.max_trials
+                                                                                     // sweep.spec.seeds // 3)))
+
+
+def _pruner(sweep: RLSweep) -> optuna.pruners.BasePruner:
+    stopping = sweep.spec.early_stopping
+    if stopping.pruner == Pruner.SUCCESSIVE_HALVING:
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=stopping.min_env_steps,
+                                                      reduction_factor=stopping.reduction_factor)
+    if stopping.pruner == Pruner.MEDIAN:
+        return optuna.pruners.MedianPruner(n_startup_trials=stopping.startup_trials,
+                                           n_warmup_steps=stopping.min_env_steps)
+    return optuna.pruners.NopPruner()

@@ -1,0 +1,205 @@
+"""`kuberl sweep`: an RLSweep's trials on one embedded Ray, as many at once as the cores allow, each trial
+one `kuberl train` run of the template with its values and seed; the engine (kuberl.sweep) decides what
+runs next and what stops early, from the rows each run writes to its metrics.jsonl.
+
+The sweep directory holds the study's journal (what `--resume` reads), each trial's run directory under
+trials/, and at the end results.csv, ranking.json and a learning-curve plot per configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kuberl.api.sweep import RLSweep
+from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepEngine, TrialInfo
+from kuberl.trainer.sweep_report import LiveTable, TrialRow, write_results
+
+#: A file in a trial's run directory that asks it to stop after its iteration (pruned, or past the deadline).
+STOP_FILE = "STOP"
+JOURNAL = "study.journal"
+POLL_SECONDS = 0.5
+
+
+@dataclasses.dataclass
+class SweepOptions:
+    directory: Path | None = None
+    resume: bool = False
+    parallel: int | None = None  # at most this many trials at once (else spec.parallelism, within the cores)
+    live: bool = True
+
+
+def run_trial(job_data: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """One trial in a Ray worker process: `train` on the sweep's Ray, its console in the run directory,
+    stopping after an iteration once the sweep leaves STOP_FILE there; returns its summary.json."""
+    from kuberl.api.load import parse_job
+    from kuberl.trainer.run import TrainOptions, train
+
+    directory = Path(run_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    stop_file = directory / STOP_FILE
+
+    def on_iteration(row: dict[str, Any], loop: Any) -> None:
+        if stop_file.exists():
+            loop.stop_signal["set"] = True
+
+    job = parse_job(job_data, source=job_data["metadata"]["name"])
+    with (directory / "console.txt").open("w") as console, contextlib.redirect_stdout(console):
+        logging.getLogger("kuberl").setLevel(logging.WARNING)
+        # Port 0: trials running side by side each serve their metrics on a free port.
+        train(job, TrainOptions(run_dir=directory, progress=False, shutdown_ray=False, metrics_port=0,
+                                on_iteration=on_iteration))
+    return json.loads((directory / "summary.json").read_text())
+
+
+@dataclasses.dataclass
+class _Running:
+    row: TrialRow
+    ref: Any
+    read: int = 0  # bytes of metrics.jsonl already reported
+    stopping: str | None = None  # PRUNED or FAILED (deadline) once asked to stop
+
+
+class SweepRun:
+    """The runner's state: the engine, the trials started, those running now."""
+
+    def __init__(self, sweep: RLSweep, options: SweepOptions):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        self.sweep, self.options = sweep, options
+        self.directory = Path(options.directory or Path("sweeps") / sweep.metadata.name)
+        journal = self.directory / JOURNAL
+        if journal.exists() and not options.resume:
+            raise FileExistsError(f"{self.directory} holds a sweep already: pass --resume to continue it, or "
+                                  "--dir for a new directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        storage = JournalStorage(JournalFileBackend(str(journal)))
+        self.engine = SweepEngine(sweep, storage, resume=options.resume)
+        self.rows: dict[int, TrialRow] = {info.number: _finished_row(self, info) for info in self.engine.trials()}
+        self.running: dict[int, _Running] = {}
+        replicas = sweep.spec.template.rollout_workers.replicas
+        cores = os.cpu_count() or 1
+        self.concurrency = max(1, min(options.parallel or sweep.spec.parallelism, cores // replicas or 1))
+        self.started = time.monotonic()
+
+    def trial_dir(self, info: TrialInfo) -> Path:
+        return self.directory / "trials" / f"t{info.number:04d}"
+
+    def start_trials(self, remote: Any) -> None:
+        while len(self.running) < self.concurrency and not self.past_deadline():
+            info = self.engine.next_trial()
+            if info is None:
+                return
+            row = TrialRow(info, self.trial_dir(info))
+            (row.run_dir / STOP_FILE).unlink(missing_ok=True)
+            self.rows[info.number] = row
+            self.running[info.number] = _Running(row, remote.remote(self.engine.trial_job(info), str(row.run_dir)))
+
+    def past_deadline(self) -> bool:
+        deadline = self.sweep.spec.active_deadline_seconds
+        return deadline is not None and time.monotonic() - self.started > deadline
+
+    def observe(self) -> None:
+        """Each running trial's new iterations, told to the pruner; a trial to prune is asked to stop."""
+        for number, running in self.running.items():
+            rows, running.read = _new_rows(running.row.run_dir / "metrics.jsonl", running.read)
+            for row in rows:
+                running.row.env_steps, running.row.mean_return = row["env_steps"], row.get("mean_return")
+                if running.stopping is None and self.engine.report(number, row["env_steps"], row.get("mean_return")):
+                    self._stop(running, PRUNED)
+            if running.stopping is None and self.past_deadline():
+                self._stop(running, FAILED)
+
+    def _stop(self, running: _Running, why: str) -> None:
+        running.stopping = why
+        running.row.state = "pruning" if why == PRUNED else "stopping"
+        (running.row.run_dir / STOP_FILE).touch()
+
+    def collect(self, done: list[Any]) -> None:
+        """Trials whose run has returned: their state and objective, told to the engine."""
+        import ray
+
+        for number, running in list(self.running.items()):
+            if running.ref not in done:
+                continue
+            row = running.row
+            try:
+                row.summary = ray.get(running.ref)
+            except Exception as err:  # noqa: BLE001 - a trial's failure is its row's, the sweep goes on
+                row.error = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else ''}"
+            self.rows[number] = row
+            self._settle(running)
+            del self.running[number]
+
+    def _settle(self, running: _Running) -> None:
+        row = running.row
+        if row.summary:
+            row.env_steps, row.mean_return = row.summary["env_steps"], row.summary.get("mean_return")
+        if row.error is not None or running.stopping == FAILED:
+            row.state = FAILED
+            row.error = row.error or "stopped: spec.activeDeadlineSeconds passed"
+        elif running.stopping == PRUNED:
+            row.state = PRUNED
+        else:
+            row.objective = self.engine.final_value(row.summary)
+            row.state = COMPLETE if row.objective is not None else FAILED
+        self.engine.finish(row.info.number, row.state, row.objective)
+        row.info = next(t for t in self.engine.trials() if t.number == row.info.number)
+
+
+def _finished_row(run: SweepRun, info: TrialInfo) -> TrialRow:
+    """A trial a previous process ran, as its run directory left it."""
+    row = TrialRow(info, run.trial_dir(info), state=info.state, objective=info.value if info.state == COMPLETE
+                   else None)
+    summary_path = row.run_dir / "summary.json"
+    if summary_path.exists():
+        row.summary = json.loads(summary_path.read_text())
+        row.env_steps, row.mean_return = row.summary["env_steps"], row.summary.get("mean_return")
+    return row
+
+
+def _new_rows(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Whole lines of a growing metrics.jsonl past `offset`; a line still being written waits."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
+
+def run_sweep(sweep: RLSweep, options: SweepOptions | None = None) -> SweepRun:
+    """Every trial of the budget (those a previous process finished are kept), then the results."""
+    import ray
+
+    from kuberl.api.learner_slots import extra_learners
+    from kuberl.trainer.workers import start_ray
+
+    run = SweepRun(sweep, options or SweepOptions())
+    template = sweep.spec.template
+    start_ray(None, run.concurrency * template.rollout_workers.replicas,
+              run.concurrency * extra_learners(template.learner.replicas))
+    # A fresh process per trial: a run's module-level state (torch threads, seeds) never reaches the next.
+    remote = ray.remote(num_cpus=0, max_calls=1)(run_trial)
+    try:
+        with LiveTable(run, enabled=run.options.live) as table:
+            run.start_trials(remote)
+            while run.running:
+                done, _ = ray.wait([r.ref for r in run.running.values()], num_returns=1, timeout=POLL_SECONDS)
+                run.observe()
+                run.collect(done)
+                run.start_trials(remote)
+                table.update()
+    finally:
+        ray.shutdown()
+    write_results(run)
+    return run
