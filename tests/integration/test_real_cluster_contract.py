@@ -16,7 +16,7 @@ import subprocess
 import pytest
 import yaml
 from bed.real_cluster import ApiError, ClusterNamespace, Rest, volume_claim
-from conftest import REPO, job_pods
+from conftest import REPO
 from integration.test_operator_integration import (  # noqa: F401 (fixtures)
     HEAD,
     JOB,
@@ -31,6 +31,7 @@ from integration.test_operator_integration import (  # noqa: F401 (fixtures)
     wait_until,
     worker,
 )
+
 from kuberl.api.load import parse_job
 from kuberl.operator import builders
 from kuberl.operator.builders import BuildOptions
@@ -93,16 +94,10 @@ def test_template_labels_and_annotations_survive_pruning(cluster: ClusterNamespa
 
 
 def _objects_of(job_body: dict, namespace: str) -> list[dict]:
-    """Every object the operator creates for a job: pods, Services, NetworkPolicies, the Ray token Secret,
-    the learner's job ConfigMap and, when it serves, the serving Deployment and Service."""
-    job_body = {**job_body, "metadata": {**job_body["metadata"], "namespace": namespace}}
-    job = parse_job(job_body)
-    options = BuildOptions(trainer_image="ghcr.io/kuberl/kuberl-trainer:0.1.0")
-    objects = [*job_pods(job, options), *builders.build_services(job, options),
-               builders.build_ray_token_secret(job, "t" * 64), builders.build_job_spec_config_map(job)]
-    if job.spec.serving is not None:
-        objects += builders.build_serving(job, options)
-    return objects
+    """Every object the operator creates for a job (`builders.every_object`, as `kuberl validate --server`)."""
+    job = parse_job({**job_body, "metadata": {**job_body["metadata"], "namespace": namespace}})
+    return builders.every_object(job, BuildOptions(trainer_image="ghcr.io/kuberl/kuberl-trainer:0.1.0"),
+                                 ray_token="t" * 64)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -207,3 +202,28 @@ def test_the_operator_credentials_cannot_read_secrets(cluster: ClusterNamespace)
     with pytest.raises(ApiError) as refused:
         operator.call("GET", operator.url("secrets", cluster.namespace))
     assert refused.value.status == 403
+
+
+def test_kuberl_validate_server_asks_the_api_server_and_creates_nothing(cluster: ClusterNamespace, tmp_path,
+                                                                          job_dict):
+    import os
+    import sys
+    from pathlib import Path
+
+    kuberl = [str(Path(sys.executable).parent / "kuberl"), "validate", "--server"]
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}  # a person's context, in the test's namespace
+    good = subprocess.run([*kuberl, str(REPO / "examples" / "cartpole-ppo.yaml")], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert good.returncode == 0, good.stderr
+    assert f"accepts cartpole-ppo in namespace {cluster.namespace}" in good.stdout
+
+    job_dict["spec"]["learner"] = {"template": {"spec": {"tolerations": [
+        {"key": "gpu", "operator": "Exists", "effect": "Sometimes"}]}}}
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text(yaml.safe_dump(job_dict))
+    bad = subprocess.run([*kuberl, str(bad_file)], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "the API server refuses the Pod cartpole-ppo-learner the operator would create" in bad.stderr
+    assert "Sometimes" in bad.stderr
+    assert cluster.list("rltrainingjobs") == [] and cluster.list("pods") == []

@@ -564,3 +564,14 @@ def adopt(manifests: list[dict[str, Any]], owner: kopf.Body | dict[str, Any]) ->
     """Give children an ownerReference to the job (garbage-collected with it); returns them."""
     kopf.adopt(manifests, owner=owner)  # type: ignore[arg-type]  # kopf reads a plain dict as a body
     return manifests
+
+
+def every_object(job: RLTrainingJob, options: BuildOptions, *, ray_token: str) -> list[dict[str, Any]]:
+    """Every object the operator creates for a job over its life, as a fresh job gets them (epoch 0): what
+    pods need, the pods, and what serving adds once training succeeded. A check of the whole job before any
+    of it exists sends these (`kuberl validate --server`)."""
+    pods = [build_head_pod(job, options), build_learner_pod(job, options),
+            *(build_learner_replica_pod(job, options, rank) for rank in range(1, learner_pods(job))),
+            *(build_worker_pod(job, options, i) for i in range(job.spec.rollout_workers.replicas))]
+    return [build_ray_token_secret(job, ray_token), build_job_spec_config_map(job), *build_services(job, options),
+            *pods, *build_serving(job, options)]

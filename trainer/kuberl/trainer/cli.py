@@ -54,6 +54,49 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         f"ok: {job.metadata.name} — {spec.algorithm.name.value} on {spec.environment.id}, "
         f"{spec.rollout_workers.replicas} worker(s) x {spec.rollout_workers.envs_per_worker} env(s)"
     )
+    if args.server:
+        return _validate_on_server(args, job)
+    return 0
+
+
+def _validate_on_server(args: argparse.Namespace, job) -> int:
+    """`--server`: the job and everything the operator would create for it, as server-side dry runs in the
+    current kube context (kuberl.operator.server_check); nothing is created."""
+    import yaml
+
+    from kuberl.api.load import InvalidJob
+
+    try:
+        import kubernetes
+
+        from kuberl.operator import server_check
+    except ImportError:
+        print("error: --server needs the Kubernetes client: pip install 'kuberl[operator]'", file=sys.stderr)
+        return 2
+    try:
+        contexts, current = kubernetes.config.list_kube_config_contexts()
+        context = current if args.context is None else next(c for c in contexts if c["name"] == args.context)
+        api = kubernetes.config.new_client_from_config(context=args.context)
+    except (kubernetes.config.ConfigException, StopIteration, OSError) as err:
+        print(f"error: --server needs a kube context (kubectl config current-context): {err}", file=sys.stderr)
+        return 2
+    with open(args.job, encoding="utf-8") as f:
+        body = yaml.safe_load(f)
+    # As kubectl apply would place it: the file's namespace, else the context's.
+    namespace = (args.namespace or (body.get("metadata") or {}).get("namespace")
+                 or context.get("context", {}).get("namespace") or "default")
+    try:
+        problems = server_check.check(api, body, namespace)
+    except (kubernetes.client.exceptions.OpenApiException, OSError) as err:
+        print(f"error: cannot reach the API server of context {context['name']}: {err}", file=sys.stderr)
+        return 1
+    finally:
+        api.close()
+    if problems:
+        _print_problems(InvalidJob(problems, args.job))
+        return 2
+    print(f"ok: the API server of context {context['name']} accepts {job.metadata.name} in namespace {namespace} "
+          "and everything the operator would create for it (a dry run: nothing was created)")
     return 0
 
 
@@ -307,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service-account", action="append", default=[], metavar="NAME",
                    help="a ServiceAccount the namespace allows a template to name (repeat for several; "
                         "default: none)")
+    p.add_argument("--server", action="store_true",
+                   help="also ask the API server of the current kube context: the job and every object the "
+                        "operator would create for it, as server-side dry runs (validation, Pod Security, quota, "
+                        "admission webhooks; nothing is created)")
+    p.add_argument("--namespace", help="with --server: the namespace to check in (default: the job's, else the "
+                                       "context's)")
+    p.add_argument("--context", help="with --server: the kube context (default: the current one)")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser("crd", help="print the RLTrainingJob (or RLSweep) CustomResourceDefinition generated from "
