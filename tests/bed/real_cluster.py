@@ -195,7 +195,8 @@ class ClusterSession:
         self.operator_kubeconfig = Path()
         self._counter = itertools.count(1)
 
-    def set_up(self) -> ClusterSession:
+    def set_up(self, *, node: bool = True) -> ClusterSession:
+        """`node=False`: no node of the tests' own (a benchmark brings its kwok nodes)."""
         self.plane.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "rltrainingjob.yaml"))
         self.wait_established("rltrainingjobs.kuberl.dev")
         self.admin.call("POST", self.admin.url("namespaces", None), body={"metadata": {"name": OPERATOR_NAMESPACE}})
@@ -205,12 +206,16 @@ class ClusterSession:
         name = account["metadata"]["name"]
         self.operator_account = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{name}"
         self.operator_kubeconfig = self.plane.service_account_kubeconfig(OPERATOR_NAMESPACE, name)
-        self.node.register()
-        # A new Node is tainted not-ready on admission; the node-lifecycle controller lifts the taint once
-        # the node reports Ready. That controller is not run (control_plane's doc), so the test lifts it.
-        self.admin.call("PATCH", self.admin.url("nodes", None, NODE), content_type=PATCH_TYPES["merge"],
-                        body={"spec": {"taints": None}})
+        if node:
+            self.node.register()
+            self.untaint(NODE)
         return self
+
+    def untaint(self, node: str) -> None:
+        """A new Node is tainted not-ready on admission; the node-lifecycle controller lifts the taint once
+        the node reports Ready. That controller is not run (control_plane's doc), so the bed lifts it."""
+        self.admin.call("PATCH", self.admin.url("nodes", None, node), content_type=PATCH_TYPES["merge"],
+                        body={"spec": {"taints": None}})
 
     def chart_rbac(self, *values: str) -> str:
         """The chart's ServiceAccount and RBAC, rendered by helm as `helm install` would."""
@@ -239,7 +244,8 @@ class ClusterSession:
         return f"t{next(self._counter)}-{slug}"[:63].rstrip("-")
 
     def stop(self) -> None:
-        self.node.stop()
+        if self.node._thread.is_alive():
+            self.node.stop()
 
 
 
