@@ -121,7 +121,8 @@ class ControlPlane:
         }))
         (self.work / "audit-policy.yaml").write_text(yaml.safe_dump({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-            "omitStages": ["RequestReceived", "ResponseStarted"],
+            # (ResponseStarted is kept: a watch that is still open has no ResponseComplete yet.)
+            "omitStages": ["RequestReceived"],
             "rules": [
                 {"level": "None", "users": list(COMPONENT_USERS)},
                 {"level": "None", "userGroups": list(COMPONENT_GROUPS)},
@@ -193,7 +194,9 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             # Privileged pods are allowed by the server, as on most clusters: Pod Security is what refuses them.
             "--allow-privileged=true",
-            "--enable-admission-plugins=NodeRestriction",
+            # OwnerReferencesPermissionEnforcement: a child with blockOwnerDeletion needs update on its
+            # owner's finalizers, as on clusters that enable it (OpenShift does by default).
+            "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
             f"--admission-control-config-file={self.work / 'admission.yaml'}",
             f"--audit-policy-file={self.work / 'audit-policy.yaml'}",
             f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking", "--audit-log-maxsize=0",
