@@ -2,8 +2,9 @@
 
 For `examples/cartpole-ppo.yaml` (seeded, 2 workers x 8 envs, stop at mean return 475) it times,
 on the one-node bed the end-to-end tests use (tests/bed/cluster_bed.py, reached through
-common.from_tests: API emulator, node agent running every pod as a podman container of the real
-trainer image, the operator's pod from the chart):
+common.from_tests: the real control plane, a node agent running every pod the scheduler binds to it
+as a podman container of the real trainer image, the operator installed with its chart and running
+as its Deployment):
 
 - apply -> all pods created, head ready, all pods Running (init containers done), the learner's
   /metrics up, the first env step (kuberl_env_steps_total > 0), the job Complete;

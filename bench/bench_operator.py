@@ -1,8 +1,9 @@
-"""Operator latency and memory on the API emulator: job created -> all k+2 pods created.
+"""Operator latency and memory on a real API server: job created -> all k+2 pods created.
 
-Runs the real `kuberl-operator` command (its own process, default intervals) against the test
-suite's emulated API server (tests/bed/k8s_emulator.py, reached through common.from_tests; in this
-process), watches pods with the `kubernetes` client, and measures:
+Runs the real `kuberl-operator` command (its own process, default intervals, the chart's ServiceAccount
+token) against the tests' real control plane (tests/bed/real_cluster.py, reached through
+common.from_tests: etcd, kube-apiserver, controller manager, scheduler, a node whose pods nothing
+runs), watches pods with the `kubernetes` client, and measures:
   1. for k = 1, 4, 12 rollout workers: time from a job's create request to the moment its last
      pod (head, learner, k workers) exists, over --jobs jobs created one after another;
   2. --burst jobs created at once (k = --burst-workers): time until every one has all its pods;
@@ -12,7 +13,8 @@ Phase 2 runs a fresh operator process, after phase 1's jobs are deleted.
     .venv/bin/python bench/bench_operator.py [--jobs 15] [--burst 50] [--burst-workers 4] \
         [--output bench/results/operator.json]
 
-The emulator shares the machine's cores with the operator: its HTTP handling is part of every figure.
+The control plane shares the machine's cores with the operator: its work (admission, etcd, the scheduler
+binding every pod) is part of every figure.
 """
 
 from __future__ import annotations
@@ -31,12 +33,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kmock
 import kubernetes
 from common import RESULTS, Bench, example_job, free_port, from_tests
 
 NS = "bench"
-NETWORK_POLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 
 
 class PodClock:
@@ -112,7 +112,8 @@ class _Operator:
 @contextlib.contextmanager
 def running_operator(cluster, log_path: Path, metrics_port: int = 0) -> Iterator[_Operator]:
     """The real `kuberl-operator` command, default settings, watching the benchmark's namespace of
-    `cluster` (a k8s_emulator.EmulatedCluster); its own /metrics on `metrics_port` (0: off)."""
+    `cluster` (a real_cluster.ClusterNamespace) with the chart's ServiceAccount token; its own /metrics on
+    `metrics_port` (0: off)."""
     liveness = free_port()
     script = Path(sys.executable).parent / "kuberl-operator"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "kuberl.operator.main"]
@@ -141,11 +142,12 @@ def running_operator(cluster, log_path: Path, metrics_port: int = 0) -> Iterator
 
 
 class _Bench:
-    """The emulated cluster, the pod clock and the job template the two phases share."""
+    """The cluster's namespace, the pod clock and the job template the two phases share."""
 
     def __init__(self, cluster, work: Path):
         self.cluster, self.work = cluster, work
-        api = cluster.api_client()
+        # The benchmark itself acts as a user with admin rights in the namespace.
+        api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
         self.clock = PodClock(api)
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.template = example_job("cartpole-ppo")
@@ -233,30 +235,29 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @contextlib.contextmanager
-def emulated_cluster() -> Iterator[tuple[Any, str]]:
-    """The tests' API emulator, serving NetworkPolicies too, in the benchmark's namespace; and a scratch dir."""
-    k8s = from_tests("bed.k8s_emulator")
-    emulator = k8s.KubernetesApiEmulator(
-        crds=k8s.load_crds(), namespaces=["default", NS],
-        extra_resources={NETWORK_POLICIES: kmock.ResourceInfo(
-            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=k8s.ALL_VERBS,
-            shortnames={"netpol"}, categories=set(), subresources=set())})
+def real_cluster() -> Iterator[tuple[Any, str]]:
+    """The tests' control plane (CRD, the chart's RBAC, a node), the benchmark's namespace on it, and a
+    scratch dir."""
+    clusters = from_tests("bed.real_cluster")
     with (tempfile.TemporaryDirectory() as tmp,
-          k8s.EmulatedCluster(emulator, Path(tmp), namespace=NS) as cluster):
-        yield cluster, tmp
+          clusters.cluster_session(Path(tmp) / "control-plane") as session):
+        namespace = clusters.ClusterNamespace(session, NS, Path(tmp))
+        namespace.create_namespace()
+        yield namespace, tmp
 
 
 def main() -> int:
     bench = Bench(__doc__, RESULTS / "operator.json", arguments)
     args = bench.args
-    with emulated_cluster() as (cluster, tmp):
+    with real_cluster() as (cluster, tmp):
         bed = _Bench(cluster, Path(tmp))
         results = one_at_a_time(bed, args.workers, args.jobs)
         results.update(burst(bed, args.burst, args.burst_workers))
         bed.clock.stop = True
     results["targets"] = {"k=12 p50 <= 0.5 s": results["sequential"].get("k=12", {}).get("p50_s", 1e9) <= 0.5,
                           "RSS <= 150 MB": results["operator_rss_after_burst_mb"] <= 150}
-    results["machine_notes"] = {"note": "emulator (this process) and operator (subprocess) share the machine's cores"}
+    results["machine_notes"] = {"note": "the control plane (etcd, kube-apiserver, controller manager, scheduler) and "
+                                        "the operator (subprocess) share the machine's cores"}
     bench.write(results)
     return 0
 

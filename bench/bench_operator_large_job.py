@@ -3,7 +3,7 @@
 The largest accepted job: a spec of about 1 MiB (the job size limit; the bulk in environment kwargs, which
 only the learner reads), three pod templates of 32,000 bytes (the per-template bound is 32 KiB) and 62
 rollout workers, so the templates times their pods come to 2,048,000 bytes (the per-job bound is 2 MiB).
-The real `kuberl-operator` process (default settings) runs against the tests' API emulator; a job of the
+The real `kuberl-operator` process (default settings) runs against the tests' real control plane; a job of the
 example's size (4 workers, no template) is measured in the same operator for comparison, alternating,
 --repeats times each. For each job: create request -> all its pods exist; then, from the operator's own
 /metrics: the reconcile passes' time, how late its event loop woke a 0.1 s timer (the most any one task
@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench_operator import NS, _Bench, emulated_cluster, pod_names, rss_mb, running_operator
+from bench_operator import NS, _Bench, pod_names, real_cluster, rss_mb, running_operator
 from common import RESULTS, Bench, free_port, load_average, stats
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -102,7 +102,7 @@ def main() -> int:
 
     base = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "cartpole-ppo.yaml").read_text())
     runs: dict[str, list[dict]] = {"example (4 workers, no template)": [], "largest accepted": []}
-    with emulated_cluster() as (cluster, tmp):
+    with real_cluster() as (cluster, tmp):
         bench = _Bench(cluster, Path(tmp))
         port = free_port()
         with running_operator(cluster, Path(tmp) / "operator.log", metrics_port=port) as operator:
@@ -130,7 +130,7 @@ def main() -> int:
         "targets": {"no event-loop tick later than 100 ms": all(s["ticks_over_100ms"] == 0 for s in summary.values()),
                     "peak RSS under the 256 MiB limit": memory["VmHWM"] < OPERATOR_MEMORY_LIMIT_MB},
         "runs": runs,
-        "machine_notes": "emulator (this process) and operator (subprocess) share the machine's cores",
+        "machine_notes": "the control plane and the operator (subprocess) share the machine's cores",
     }
     previous = bench_run.previous()
     if "before" in previous:  # the older operator's run, kept beside this one (see its "what")

@@ -452,9 +452,9 @@ def best_threshold(env_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_tests(module: str):
-    """A module of tests/ that a benchmark drives: the test bed's API emulator (`bed.k8s_emulator`)
+    """A module of tests/ that a benchmark drives: the tests' real control plane (`bed.real_cluster`)
     and one-node cluster (`bed.cluster_bed`). The operator and cluster figures are measured on the very
-    bed the end-to-end tests run on, so the bed is not copied here. tests/ is no package (pytest puts it
+    beds the tests run on, so the bed is not copied here. tests/ is no package (pytest puts it
     on sys.path, and the bed imports its shared `tools` by bare name, as every test module does), so
     this is the one place the benchmarks put it on sys.path, last, where it shadows nothing."""
     tests = str(REPO / "tests")

@@ -1,65 +1,66 @@
 """
-A one-node Kubernetes stand-in for end-to-end tests and benchmarks: the API emulator, a node agent
-that runs Pods as podman containers, the chart's CRD and RBAC, and the operator running from its
-image as a Pod made from the chart's Deployment, all on a podman network of the bed's own.
+A one-node Kubernetes cluster for end-to-end tests and benchmarks: the real control plane
+(`control_plane.ControlPlane`), a node agent playing the kubelet that runs Pods as podman containers,
+and the operator installed with its chart (`helm install`) and running from its image, all on a podman
+network of the bed's own.
 
     with OneNodeCluster(workdir) as bed:
         bed.kubectl("apply", "-f", "examples/cartpole-ppo.yaml")
         bed.kubectl("wait", "--for=condition=Complete", "rltj/cartpole-ppo", "--timeout=300s")
 
-The emulator listens on the network's gateway address, which the host and every container reach;
-nothing listens beyond this machine and the bed's own bridge. Images come from
+The API server listens on the network's gateway address, which the host and every container reach;
+nothing listens beyond this machine and the bed's own bridge. The operator is the chart's Deployment:
+the Deployment and ReplicaSet controllers make its Pod, the scheduler binds it to the node, and it talks
+to the API server with its ServiceAccount's token, as on any cluster. Claims get a volume the bed
+provisions (a directory of the node's), as a cluster's default StorageClass would. Images come from
 `scripts/build-images` (`ensure_images`).
-
-The operator's Pod is the chart's Deployment template as a ReplicaSet would stamp it, plus one
-thing: a ConfigMap with a kubeconfig for the emulator (`$KUBECONFIG`), standing in for the
-service-account token a real cluster mounts (the emulator speaks plain HTTP and has no tokens).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import pathlib
 import secrets
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import kmock
 import yaml
 
-from .k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, write_kubeconfig
+from .control_plane import ADMIN, ControlPlane
 from .node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
+from .real_cluster import PATCH_TYPES, ApiError, Rest, _plural
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kuberl-operator"
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
 OPERATOR_NAMESPACE = "kuberl-system"
+RELEASE = "kuberl-operator"
 BED_LABEL = "kuberl.dev/test-bed"
 
+Body = dict[str, Any]
 
-def _resource(group: str, version: str, plural: str, kind: str, namespaced: bool, short: tuple[str, ...] = ()
-              ) -> tuple[kmock.resource, kmock.ResourceInfo]:
-    return kmock.resource(group, version, plural), kmock.ResourceInfo(
-        kind=kind, singular=kind.lower(), namespaced=namespaced, verbs=ALL_VERBS, shortnames=set(short),
-        categories=set(), subresources=set())
-
-
-#: What `helm template` of the chart and the operator's children need beyond the emulator's built-ins.
-EXTRA_RESOURCES = dict([
-    _resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ("netpol",)),
-    _resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
-    _resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
-    _resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
-    _resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
-    _resource("apps", "v1", "deployments", "Deployment", True, ("deploy",)),
-])
+# resource -> (API prefix, namespaced): what the tests and benchmarks read and write.
+RESOURCES: dict[str, tuple[str, bool]] = {
+    **{r: ("/api/v1", True) for r in ("pods", "services", "events", "configmaps", "secrets", "serviceaccounts",
+                                      "resourcequotas", "persistentvolumeclaims", "limitranges")},
+    **{r: ("/api/v1", False) for r in ("namespaces", "nodes", "persistentvolumes")},
+    "deployments": ("/apis/apps/v1", True), "replicasets": ("/apis/apps/v1", True),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", True),
+    "roles": ("/apis/rbac.authorization.k8s.io/v1", True),
+    "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", True),
+    "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
+}
+ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies", "deploy": "deployments",
+           "pvc": "persistentvolumeclaims", "po": "pods", "svc": "services", "cm": "configmaps"}
 
 
 def ensure_images(force: bool = False) -> dict[str, float]:
@@ -77,21 +78,147 @@ def ensure_images(force: bool = False) -> dict[str, float]:
     return {"seconds": time.monotonic() - started}
 
 
-def helm(*args: str) -> str:
-    from tools import helm_binary
+class BedApi:
+    """The bed's API server as its admin, in a default namespace: what a person with kubectl does,
+    without a process per call (`kubectl` for the real thing)."""
 
-    result = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"helm {' '.join(args)} failed: {result.stderr}")
-    return result.stdout
+    def __init__(self, plane: ControlPlane, namespace: str):
+        self.plane, self.namespace = plane, namespace
+        self.rest = Rest(plane, plane.tokens[ADMIN])
+        self.kubeconfig = plane.kubeconfig(f"admin-{namespace}", plane.tokens[ADMIN], namespace)
+        self.kubecache_dir = plane.work / "kube-cache"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """A subprocess's environment as the admin in this namespace, with the bed's kubectl first on PATH."""
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self.kubecache_dir),
+                "PATH": f"{self.plane.bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def api_client(self) -> Any:
+        import kubernetes
+
+        return kubernetes.config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60, input: str | None = None
+                ) -> subprocess.CompletedProcess[str]:
+        """The real kubectl, as the admin in this namespace."""
+        done = self.plane.kubectl(*args, kubeconfig=self.kubeconfig, stdin=input, check=False, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
+        return done
+
+    def url(self, resource: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        resource = ALIASES.get(resource, resource)
+        if resource not in RESOURCES:
+            raise ValueError(f"resource {resource!r} is not one the bed knows: {sorted(RESOURCES)}")
+        prefix, namespaced = RESOURCES[resource]
+        scope = f"/namespaces/{namespace or self.namespace}" if namespaced else ""
+        return (self.plane.server + prefix + scope + f"/{resource}" + (f"/{name}" if name else "")
+                + (f"/{sub}" if sub else ""))
+
+    def create(self, body: Mapping[str, Any], namespace: str | None = None, **params: str) -> Body:
+        namespace = namespace or (body.get("metadata") or {}).get("namespace")
+        return self.rest.call("POST", self.url(_plural(body["kind"]), namespace), body=dict(body),
+                              params=params or None) or {}
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
+        return self.rest.call("GET", self.url(resource, namespace, name))
+
+    def list(self, resource: str, namespace: str | None = None, *, label_selector: str | None = None,
+             field_selector: str | None = None, all_namespaces: bool = False) -> list[Body]:
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        url = self.url(resource, namespace)
+        if all_namespaces:
+            url = self.plane.server + RESOURCES[ALIASES.get(resource, resource)][0] + \
+                f"/{ALIASES.get(resource, resource)}"
+        return (self.rest.call("GET", url, params=params) or {}).get("items", [])
+
+    def patch(self, resource: str, name: str, patch: Any, namespace: str | None = None, *,
+              subresource: str | None = None, patch_type: str = "merge") -> Body:
+        return self.rest.call("PATCH", self.url(resource, namespace, name, subresource), body=patch,
+                              content_type=PATCH_TYPES[patch_type]) or {}
+
+    def delete(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
+        return self.rest.call("DELETE", self.url(resource, namespace, name))
+
+    def events(self, namespace: str | None = None, involved_name: str | None = None) -> list[Body]:
+        selector = f"involvedObject.name={involved_name}" if involved_name else None
+        return self.list("events", namespace, field_selector=selector)
+
+    def wait_for(self, resource: str, name: str, predicate: Callable[[Body], bool] | None = None,
+                 namespace: str | None = None, timeout: float = 10, interval: float = 0.05) -> Body:
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self.get(resource, name, namespace)
+            if obj is not None and (predicate is None or predicate(obj)):
+                return obj
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{resource} {name!r} did not reach the expected state in {timeout}s; "
+                                     f"last state: {json.dumps(obj, indent=1)}")
+            time.sleep(interval)
+
+    def wait_for_absent(self, resource: str, name: str, namespace: str | None = None, timeout: float = 10,
+                        interval: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        while (obj := self.get(resource, name, namespace)) is not None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{resource} {name!r} still exists after {timeout}s: {json.dumps(obj)}")
+            time.sleep(interval)
+
+
+class ClaimProvisioner:
+    """What a default StorageClass's provisioner does, for this one node: each pending claim gets a
+    PersistentVolume of its own (a directory of the node's, `NodeAgent.claim_dir`) that the controller
+    manager's binder binds it to; the scheduler places no pod whose claim is unbound."""
+
+    def __init__(self, api: BedApi, agent: NodeAgent):
+        self.api, self.agent = api, agent
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bed-claim-provisioner", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        made: set[str] = set()
+        while not self._stop.wait(0.2):  # a poll: claims are few, and a watch would add nothing here
+            try:
+                for claim in self.api.list("persistentvolumeclaims", all_namespaces=True):
+                    uid = claim["metadata"]["uid"]
+                    if uid not in made and not claim["spec"].get("volumeName"):
+                        self._provision(claim)
+                        made.add(uid)
+            except (ApiError, OSError) as exc:
+                if not self._stop.is_set():
+                    self.errors.append(repr(exc))
+
+    def _provision(self, claim: Body) -> None:
+        meta, spec = claim["metadata"], claim["spec"]
+        size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+        path = self.agent.claim_dir(meta["namespace"], meta["name"])
+        self.api.create({"apiVersion": "v1", "kind": "PersistentVolume",
+                         "metadata": {"name": f"pvc-{meta['uid']}"},
+                         "spec": {"capacity": {"storage": size},
+                                  "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                                  "storageClassName": spec.get("storageClassName") or "",
+                                  "persistentVolumeReclaimPolicy": "Retain",
+                                  "hostPath": {"path": str(path)},
+                                  "claimRef": {"namespace": meta["namespace"], "name": meta["name"],
+                                               "uid": meta["uid"]}}})
 
 
 class OneNodeCluster:
-    """The bed: see the module docstring. Use as a context manager."""
+    """The bed: see the module docstring. Use as a context manager. `operator=False`: no CRD, no chart,
+    no operator (a cluster and its node only)."""
 
     def __init__(self, workdir: pathlib.Path, *, namespaces: tuple[str, ...] = ("default",),
                  helm_values: Mapping[str, str] | None = None, prometheus: bool = False,
-                 operator: bool = True):
+                 operator: bool = True, restart_backoff: tuple[float, ...] | None = None):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.id = secrets.token_hex(3)
@@ -101,6 +228,7 @@ class OneNodeCluster:
                             **(helm_values or {})}
         self.want_prometheus = prometheus
         self.want_operator = operator
+        self.restart_backoff = restart_backoff
         self.network = f"kuberl-bed-{self.id}"
         self.anchor = f"kuberl-bed-{self.id}-gateway"
         self._stack = contextlib.ExitStack()
@@ -126,32 +254,47 @@ class OneNodeCluster:
         self._stack.enter_context(podman_network(self.podman, self.network, subnet))
         # The bridge and its gateway address exist once something is attached: an empty pod (its
         # infra container only) holds them up, so the API server can listen there before any pod runs.
-        last_ip = str(list(__import__("ipaddress").ip_network(subnet).hosts())[-1])
+        last_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])
         self.podman("pod", "create", "--name", self.anchor, "--network", self.network, "--ip", last_ip,
                     "--label", f"{BED_LABEL}={self.id}")
         self.podman("pod", "start", self.anchor)
         self._stack.callback(self.podman, "pod", "rm", "--force", "--time", "0", self.anchor, check=False)
-        self.agent = NodeAgent("http://unset", self.workdir / "node", network=self.network, subnet=subnet,
-                               podman=self.podman, labels={BED_LABEL: self.id})
-        self.gateway = self.agent.host_ip
-        self.emulator = KubernetesApiEmulator(
-            crds=(), namespaces=["default", OPERATOR_NAMESPACE, *self.namespaces],
-            extra_resources=EXTRA_RESOURCES, graceful_pod_deletion=True, pod_logs=self.agent.pod_logs)
-        self.cluster = EmulatedCluster(self.emulator, self.workdir / "k8s", namespace=self.namespaces[0],
-                                       host=self.gateway)
-        self._stack.enter_context(self.cluster)
-        self._stack.callback(self._check_emulator)
-        self.agent.api.server = self.cluster.url
+        self.gateway = str(next(ipaddress.ip_network(subnet).hosts()))
+        self.plane = ControlPlane(self.workdir / "control-plane", address=self.gateway,
+                                  kubelet_address_types=("InternalIP",))
+        self.plane.work.mkdir(parents=True, exist_ok=True)
+        self._stack.callback(self.plane.stop)
+        self.plane.start()
+        self.timings["control_plane_seconds"] = time.monotonic() - t0
+        self.cluster = BedApi(self.plane, self.namespaces[0])
+        options = {"restart_backoff": self.restart_backoff} if self.restart_backoff else {}
+        self.agent = NodeAgent(self.plane.server, self.plane.tokens["node"], self.plane.ca, self.workdir / "node",
+                               network=self.network, subnet=subnet, podman=self.podman,
+                               labels={BED_LABEL: self.id}, **options)
         self._stack.enter_context(self.agent)
+        # Admission taints a new Node not-ready; the node-lifecycle controller would lift it once the
+        # node reports Ready, and it does not run here (control_plane), so the admin does.
+        self.cluster.patch("nodes", self.agent.node_name, {"spec": {"taints": None}})
+        self.provisioner = ClaimProvisioner(self.cluster, self.agent)
+        self.provisioner.start()
+        self._stack.callback(self.provisioner.stop)
+        for namespace in self.namespaces:
+            self.create_namespace(namespace)
         self.timings["bed_seconds"] = time.monotonic() - t0
-        self.install_chart()
+        if self.want_operator:
+            self.install_chart()
         if self.want_prometheus:
             self._start_prometheus()
         if self.want_operator:
-            self.start_operator()
+            self.wait_operator_ready()
 
-    def _check_emulator(self) -> None:
-        assert not self.emulator.internal_errors, f"the Kubernetes emulator failed: {self.emulator.internal_errors!r}"
+    def create_namespace(self, name: str) -> None:
+        """A namespace with Pod Security `restricted` enforced (also the cluster's default), once its
+        `default` ServiceAccount exists (admission refuses pods before)."""
+        if self.cluster.get("namespaces", name) is None:
+            self.cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        self.cluster.wait_for("serviceaccounts", "default", namespace=name, timeout=60)
 
     @property
     def env(self) -> dict[str, str]:
@@ -161,55 +304,68 @@ class OneNodeCluster:
                 ) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, check=check, timeout=timeout, input=input)
 
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        """The helm built with the control plane, as the admin."""
+        done = subprocess.run([str(self.plane.bin / "helm"), f"--kubeconfig={self.plane.admin_kubeconfig}", *args],
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, "HELM_CACHE_HOME": str(self.workdir / "helm-cache"),
+                                   "HELM_CONFIG_HOME": str(self.workdir / "helm-config"),
+                                   "HELM_DATA_HOME": str(self.workdir / "helm-data")})
+        if done.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done.stdout
+
     # ---- the chart ---------------------------------------------------------------------------------
 
-    def render_chart(self) -> list[dict[str, Any]]:
-        sets = [a for k, v in self.helm_values.items() for a in ("--set", f"{k}={v}")]
-        text = helm("template", "kuberl-operator", str(CHART), "--namespace", OPERATOR_NAMESPACE, *sets)
-        return [doc for doc in yaml.safe_load_all(text) if doc]
-
     def install_chart(self) -> None:
-        """What `helm install` does, by hand: the CRDs, then the chart's RBAC and ServiceAccount."""
-        self.kubectl("apply", "--validate=false", "-f", str(CHART / "crds"))
-        self.manifests = self.render_chart()
-        wanted = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-        docs = [doc for doc in self.manifests if doc["kind"] in wanted]
-        self.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(docs))
+        """The CRD applied server-side (as the docs tell users: it is too big for client-side apply),
+        then `helm install` of the chart without its CRDs: ServiceAccount, RBAC, the operator's Deployment."""
+        self.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+        wait_until(lambda: self._established("rltrainingjobs.kuberl.dev"), 60, 0.1, "the CRD Established")
+        sets = [a for k, v in self.helm_values.items() for a in ("--set", f"{k}={v}")]
+        self.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+                  "--skip-crds", *sets)
+        self.manifests = [doc for doc in yaml.safe_load_all(self.helm(
+            "get", "manifest", RELEASE, "--namespace", OPERATOR_NAMESPACE)) if doc]
+        self.operator_deployment = next(d for d in self.manifests if d["kind"] == "Deployment")["metadata"]["name"]
 
-    def operator_pod(self) -> dict[str, Any]:
-        """The Pod the chart's Deployment would get, plus the kubeconfig (see the module docstring)."""
-        deployment = next(d for d in self.manifests if d["kind"] == "Deployment")
-        template = json.loads(json.dumps(deployment["spec"]["template"]))
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {**template["metadata"], "name": f"{deployment['metadata']['name']}-{self.id}",
-                            "namespace": OPERATOR_NAMESPACE},
-               "spec": template["spec"]}
-        container = pod["spec"]["containers"][0]
-        container.setdefault("env", []).append({"name": "KUBECONFIG", "value": "/var/run/kuberl-test/kubeconfig"})
-        container.setdefault("volumeMounts", []).append(
-            {"name": "kube-api-access", "mountPath": "/var/run/kuberl-test", "readOnly": True})
-        pod["spec"].setdefault("volumes", []).append(
-            {"name": "kube-api-access", "configMap": {"name": "kuberl-test-kubeconfig"}})
-        return pod
+    def _established(self, crd: str) -> bool:
+        found = self.cluster.rest.call(
+            "GET", self.plane.server + f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") or {}
+        conditions = {c["type"]: c["status"] for c in (found.get("status") or {}).get("conditions") or []}
+        return conditions.get("Established") == "True"
+
+    def operator_pods(self) -> list[Body]:
+        deployment = self.cluster.get("deployments", self.operator_deployment, OPERATOR_NAMESPACE)
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        return self.cluster.list("pods", OPERATOR_NAMESPACE, label_selector=selector)
+
+    @property
+    def operator_pod_name(self) -> str:
+        pods = [p for p in self.operator_pods() if not p["metadata"].get("deletionTimestamp")]
+        if not pods:
+            raise AssertionError(f"no operator pod in {OPERATOR_NAMESPACE}")
+        return pods[0]["metadata"]["name"]
+
+    def wait_operator_ready(self, timeout: float = 180) -> None:
+        name = wait_until(lambda: next((p["metadata"]["name"] for p in self.operator_pods()
+                                        if not p["metadata"].get("deletionTimestamp")), None),
+                          60, 0.2, "the Deployment's ReplicaSet to make the operator's pod")
+        self.wait_pod_ready(OPERATOR_NAMESPACE, name, timeout)
 
     def start_operator(self) -> None:
-        kubeconfig = write_kubeconfig(self.workdir / "operator-kubeconfig", self.cluster.url, OPERATOR_NAMESPACE)
-        config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                      "metadata": {"name": "kuberl-test-kubeconfig", "namespace": OPERATOR_NAMESPACE},
-                      "data": {"kubeconfig": kubeconfig.read_text()}}
-        if self.cluster.get("configmaps", "kuberl-test-kubeconfig", OPERATOR_NAMESPACE) is None:
-            self.cluster.create(config_map)
-        pod = self.operator_pod()
-        self.operator_pod_name = pod["metadata"]["name"]
-        self.cluster.create(pod)
-        self.wait_pod_ready(OPERATOR_NAMESPACE, self.operator_pod_name, 120)
+        """Scale the operator's Deployment back to its one replica and wait until it is Ready."""
+        self.kubectl("scale", "deployment", self.operator_deployment, "-n", OPERATOR_NAMESPACE, "--replicas=1")
+        self.wait_operator_ready()
 
     def stop_operator(self) -> None:
-        self.kubectl("delete", "pod", "-n", OPERATOR_NAMESPACE, self.operator_pod_name, "--wait=true",
-                     "--timeout=120s")
+        """Scale the operator's Deployment to zero and wait until its pod is gone."""
+        self.kubectl("scale", "deployment", self.operator_deployment, "-n", OPERATOR_NAMESPACE, "--replicas=0")
+        wait_until(lambda: not self.operator_pods(), 120, 0.2, "the operator's pod gone")
 
     def operator_logs(self) -> str:
-        return self.kubectl("logs", "-n", OPERATOR_NAMESPACE, self.operator_pod_name, check=False).stdout
+        return self.kubectl("logs", "-n", OPERATOR_NAMESPACE, f"deployment/{self.operator_deployment}",
+                            check=False).stdout
 
     # ---- waiting -----------------------------------------------------------------------------------
 
@@ -228,22 +384,18 @@ class OneNodeCluster:
 
         return wait_until(ready, timeout, 0.2, f"pod {namespace}/{name} Ready")
 
-    def stamp_deployment(self, namespace: str, name: str) -> list[str]:
-        """What a Deployment's ReplicaSet would do, once: its replicas as Pods (owned by the Deployment,
-        so they go with it). The emulator runs no controllers; returns the pod names."""
-        deployment = self.cluster.get("deployments", name, namespace)
-        template = json.loads(json.dumps(deployment["spec"]["template"]))
-        owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
-                 "uid": deployment["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
-        pods = []
-        for i in range(int(deployment["spec"].get("replicas", 1))):
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {**template.get("metadata", {}), "name": f"{name}-{self.id}-{i}",
-                                "namespace": namespace, "ownerReferences": [owner]},
-                   "spec": template["spec"]}
-            self.cluster.create(pod)
-            pods.append(pod["metadata"]["name"])
-        return pods
+    def deployment_pods(self, namespace: str, name: str, timeout: float = 60) -> list[str]:
+        """The names of a Deployment's pods, once its ReplicaSet made all its replicas."""
+        deployment = self.cluster.wait_for("deployments", name, namespace=namespace, timeout=timeout)
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        replicas = int(deployment["spec"].get("replicas", 1))
+
+        def made() -> list[str] | None:
+            pods = [p["metadata"]["name"] for p in self.cluster.list("pods", namespace, label_selector=selector)
+                    if not p["metadata"].get("deletionTimestamp")]
+            return pods if len(pods) >= replicas else None
+
+        return wait_until(made, timeout, 0.2, f"deployment {namespace}/{name}'s {replicas} pod(s)")
 
     def wait_complete(self, namespace: str, job: str, timeout: int) -> None:
         """`kubectl wait --for=condition=Complete`; on failure, fail the test with what a user would look at."""
@@ -252,7 +404,7 @@ class OneNodeCluster:
         result = self.kubectl("wait", "-n", namespace, f"rltj/{job}", "--for=condition=Complete",
                               f"--timeout={timeout}s", check=False, timeout=timeout + 30)
         if result.returncode != 0:
-            status = self.cluster.get("rltj", job, namespace).get("status")
+            status = (self.cluster.get("rltj", job, namespace) or {}).get("status")
             pods = self.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
             logs = self.kubectl("logs", "-n", namespace, f"{job}-learner", "--tail=60", check=False)
             pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
@@ -436,15 +588,21 @@ def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeClus
         print(f"end-to-end mode: podman containers on network {running.network}")
         yield running
         assert not running.agent.errors, running.agent.errors
+        assert not running.provisioner.errors, running.provisioner.errors
 
 
 def podman_ready() -> str | None:
     """Why the bed cannot run here, or None when it can."""
     if not Podman.available():
         return "podman and runc are not installed (./scripts/test installs them with apt-get)"
+    from .control_plane import BUILD_SCRIPT
+
+    if subprocess.run([str(BUILD_SCRIPT), "--print-bin"], capture_output=True, check=False).returncode != 0 \
+            and not os.environ.get("KUBERL_CONTROL_PLANE_BIN"):
+        return "the control plane is not built: run ./scripts/build-control-plane"
     if not (REPO / "scripts" / "build-images").exists() and os.environ.get("KUBERL_E2E_PREBUILT") != "1":
         return "scripts/build-images is missing"
     return None
 
 
-__all__ = ["OPERATOR_IMAGE", "TRAINER_IMAGE", "OneNodeCluster", "ensure_images", "podman_ready"]
+__all__ = ["OPERATOR_IMAGE", "TRAINER_IMAGE", "BedApi", "OneNodeCluster", "ensure_images", "podman_ready"]

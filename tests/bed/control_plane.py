@@ -84,9 +84,16 @@ def _kubeconfig(server: str, ca: Path, token: str, namespace: str = "default", u
 class ControlPlane:
     """The four processes, their configuration in `work`, and kubeconfigs for each identity."""
 
-    def __init__(self, work: Path, binaries: Path | None = None):
+    def __init__(self, work: Path, binaries: Path | None = None, *, address: str = "127.0.0.1",
+                 kubelet_address_types: Sequence[str] = ()):
+        """`address`: where the API server listens and what it advertises (a podman network's gateway
+        lets containers reach it; the serving certificate then names it too). `kubelet_address_types`:
+        which Node addresses the server dials for logs and exec, in order (its default prefers a
+        Hostname, which a test node cannot resolve)."""
         self.work = work
         self.bin = binaries or bin_dir()
+        self.address = address
+        self.kubelet_address_types = tuple(kubelet_address_types)
         self.tokens = {name: base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
                        for name in (ADMIN, "controller-manager", "scheduler", "node")}
         self.port = 0
@@ -134,17 +141,19 @@ class ControlPlane:
         }))
 
     def _serving_cert(self, pki: Path) -> None:
-        """A self-signed serving certificate for 127.0.0.1 and localhost, which is also the clients' CA."""
+        """A self-signed serving certificate for 127.0.0.1, localhost and the listening address, which is
+        also the clients' CA."""
+        extra = f",IP:{self.address}" if self.address != "127.0.0.1" else ""
         subprocess.run([
             "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
             "-keyout", str(pki / "apiserver.key"), "-out", str(self.ca), "-subj", "/CN=kube-apiserver",
-            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1",
+            "-addext", f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1{extra}",
             "-addext", "basicConstraints=critical,CA:TRUE",
         ], check=True, capture_output=True)
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     def kubeconfig(self, name: str, token: str, namespace: str = "default") -> Path:
         """A kubeconfig file for a token (written once per name)."""
@@ -180,9 +189,14 @@ class ControlPlane:
             "--unsafe-no-fsync=true",
         ])
         pki = self.work / "pki"
+        # No --kubelet-certificate-authority: the server then dials a node's kubelet port over TLS
+        # without verifying its certificate (k8s.io/kubernetes pkg/kubelet/client, transportConfig),
+        # so a test kubelet serves logs with a self-signed one.
+        kubelet = ([f"--kubelet-preferred-address-types={','.join(self.kubelet_address_types)}"]
+                   if self.kubelet_address_types else [])
         self._spawn("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}", f"--secure-port={self.port}", f"--advertise-address={self.address}",
             f"--tls-cert-file={self.ca}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--token-auth-file={self.work / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -200,7 +214,7 @@ class ControlPlane:
             f"--admission-control-config-file={self.work / 'admission.yaml'}",
             f"--audit-policy-file={self.work / 'audit-policy.yaml'}",
             f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking", "--audit-log-maxsize=0",
-            "--profiling=false", "--v=1",
+            "--profiling=false", "--v=1", *kubelet,
         ])
         self._wait_ready(timeout)
         for name, token in (("kube-controller-manager", "controller-manager"), ("kube-scheduler", "scheduler")):

@@ -1,44 +1,44 @@
 """
-A one-node kubelet for tests: runs the API emulator's Pods as real podman containers.
+A one-node kubelet for tests: runs the Pods the scheduler binds to its Node as podman containers.
 
-`NodeAgent` watches Pods through the emulator's HTTP API, as a kubelet watches its API server,
-binds each new Pod to its node (`spec.nodeName`), and runs it: initContainers one after another,
-then its containers, each a `podman run` of the container's image with the Pod's command/args/env,
-volumes (emptyDir as a directory, a memory emptyDir as tmpfs, /dev/shm as the container's shm, a
-PersistentVolumeClaim as a host directory that outlives the pod), securityContext (user, group,
-fsGroup as a supplemental group, read-only root, capabilities, no-new-privileges) and resource
-limits (cpu/memory, where the sandbox's cgroups allow them). Each Pod gets its own address on a
-podman network of the test's own; every container of a namespace mounts one hosts file that maps
-pod names and Service names (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) to the
-addresses of their pods, rewritten in place as pods come and go (there is no DNS server here).
+`NodeAgent` talks to a real API server as `system:node:<name>` (so the Node authorizer and
+NodeRestriction hold it to what a kubelet may do): it registers its Node, watches the Pods bound to it
+(`spec.nodeName`) and runs each: initContainers one after another, then its containers, each a
+`podman run` of the container's image with the Pod's command/args/env, volumes (emptyDir as a
+directory, a memory emptyDir as tmpfs, /dev/shm as the container's shm, a PersistentVolumeClaim as a
+host directory that outlives the pod, configMap and secret, the projected `kube-api-access-*` volume
+with a TokenRequest token bound to the pod, the cluster's CA and the namespace), securityContext (user,
+group, fsGroup as a supplemental group, read-only root, capabilities, no-new-privileges) and resource
+limits (cpu/memory, where the sandbox's cgroups allow them). Each Pod gets its own address on a podman
+network of the test's own; every container of a namespace mounts one hosts file that maps pod names
+and Service names (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`) to the addresses of
+their pods, rewritten in place as pods come and go (there is no DNS server here).
 
-It writes status back the way a kubelet does (phase, podIP, hostIP, conditions with Ready from the
-readiness probes, containerStatuses and initContainerStatuses with state, exit code, reason and
-restartCount, a termination message from the log for `FallbackToLogsOnError`), honours
-restartPolicy, stops containers on Pod deletion (SIGTERM, then SIGKILL after the grace period;
-with the emulator's `graceful_pod_deletion` the Pod stays Terminating until then), and serves
-container logs to the emulator so `kubectl logs` works.
+It writes status through `pods/status` the way a kubelet does (phase, podIP, hostIP, conditions with
+Ready from the readiness probes, containerStatuses and initContainerStatuses with state, exit code,
+reason and restartCount, a termination message from the log for `FallbackToLogsOnError`), honours
+restartPolicy, stops containers on Pod deletion (SIGTERM, then SIGKILL after the grace period) and
+then deletes the Pod for good (grace 0, its uid as precondition), and serves container logs on the
+Node's kubelet port (`KubeletServer`) so `kubectl logs` works through the API server.
 
-Like a scheduler, it leaves a Pod with schedulingGates unbound (PodScheduled False, SchedulingGated)
-until an update removes them, and one whose nodeSelector this node's labels do not match
-(Unschedulable). Like a kubelet, it keeps a container whose image is not in podman's store waiting
-(ErrImagePull, then ImagePullBackOff: there is no registry here, so a missing local image is the
-pull error) and one whose Secret key is missing (CreateContainerConfigError), retrying with back-off.
+Like a kubelet, it keeps a container whose image is not in podman's store waiting (ErrImagePull, then
+ImagePullBackOff: there is no registry here, so a missing local image is the pull error) and one whose
+Secret key is missing (CreateContainerConfigError), retrying with back-off.
 
-Not emulated: image pulls (images must be present), liveness/startup probes, cgroup-enforced CPU
-shares between pods, Service port remapping (a Service name resolves to the pod's address, so its
-port must equal the target port), NetworkPolicy enforcement, DNS search domains, hostPath/projected
-volumes (the service-account token included) (a Pod using one fails with a message naming it), scheduling
-(tolerations, affinity and nodeSelector stay in the Pod as written; the one node takes every Pod).
+Not done: image pulls (images must be present), liveness/startup probes, cgroup-enforced CPU shares
+between pods, Service port remapping (a Service name resolves to the pod's address, so its port must
+equal the target port), NetworkPolicy enforcement, DNS search domains, hostPath volumes (a Pod using
+one fails with a message naming it), token refresh, exec/attach/port-forward, heartbeats (the
+control plane runs no node-lifecycle controller to miss them).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import datetime
 import http.client
+import http.server
 import ipaddress
 import json
 import logging
@@ -47,16 +47,20 @@ import os
 import pathlib
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kuberl.api.kube import parse_quantity
+
+from .control_plane import NODE
 
 logger = logging.getLogger(__name__)
 
@@ -106,10 +110,13 @@ class Podman:
 
 
 class Api:
-    """Just the requests a kubelet makes: watch pods, read services/claims, patch pod status, delete."""
+    """Just the requests a kubelet makes, with the node's token: watch its pods, read what they
+    reference, write their status, request their ServiceAccount tokens, delete them at the end."""
 
-    def __init__(self, server: str):
+    def __init__(self, server: str, token: str, ca: pathlib.Path):
         self.server = server.rstrip("/")
+        self.token = token
+        self.context = ssl.create_default_context(cafile=str(ca))
         self.open_watches: set[Any] = set()
 
     def close_watches(self) -> None:
@@ -119,21 +126,35 @@ class Api:
             with contextlib.suppress(Exception):
                 response.close()
 
+    def _open(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+              timeout: float = 30) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method, headers={
+            "Content-Type": content_type, "Accept": "application/json", "Authorization": f"Bearer {self.token}"})
+        return urllib.request.urlopen(req, timeout=timeout, context=self.context)
+
     def request(self, method: str, path: str, body: Any = None,
                 content_type: str = "application/json", timeout: float = 30) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.server + path, data=data, method=method,
-                                     headers={"Content-Type": content_type, "Accept": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            return json.loads(response.read() or b"null")
-
-    def get(self, path: str) -> Any:
         try:
-            return self.request("GET", path)
+            with self._open(method, path, body, content_type, timeout) as response:
+                return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
+            exc.msg = f"{exc.msg}: {exc.read().decode(errors='replace')[:2000]}"
             raise
+
+    def get(self, path: str, forbidden_for: float = 10) -> Any:
+        """GET; None when absent. The Node authorizer lets a node read a Secret, ConfigMap or claim only
+        once it has seen a pod of the node that references it: a 403 right after binding is retried."""
+        deadline = time.monotonic() + forbidden_for
+        while True:
+            try:
+                return self.request("GET", path)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return None
+                if exc.code != 403 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
 
     def patch(self, path: str, patch: Mapping[str, Any]) -> Any:
         try:
@@ -159,16 +180,23 @@ class Api:
             if exc.code not in (404, 409):
                 raise
 
-    def watch(self, path: str, resource_version: str, stop: threading.Event) -> Iterator[Body]:
-        url = f"{self.server}{path}?watch=true&resourceVersion={resource_version}"
-        with urllib.request.urlopen(url, timeout=3600) as response:
+    def watch(self, path: str, query: Mapping[str, str], resource_version: str, stop: threading.Event
+              ) -> Iterator[Body]:
+        """The events after `resource_version`; ends when the server closes the watch or says the
+        version is too old (an ERROR event: the caller lists again)."""
+        params = urllib.parse.urlencode({**query, "watch": "true", "resourceVersion": resource_version,
+                                         "allowWatchBookmarks": "true", "timeoutSeconds": "600"})
+        with self._open("GET", f"{path}?{params}", timeout=3600) as response:
             self.open_watches.add(response)
             try:
                 while not stop.is_set():
                     line = response.readline()
                     if not line:
                         return
-                    yield json.loads(line)
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        return
+                    yield event
             finally:
                 self.open_watches.discard(response)
 
@@ -533,10 +561,79 @@ class PodRunner:
                     target.write_text(data[item["key"]])
                     target.chmod(int(item.get("mode", source.get("defaultMode", 0o644))))
                 out[name] = ("dir", {"path": str(path), "readOnly": True})
+            elif "projected" in volume:
+                out[name] = ("dir", {"path": str(self._project(name, volume["projected"])), "readOnly": True})
             else:
                 kinds = sorted(set(volume) - {"name"})
                 raise ValueError(f"volume {name!r}: {kinds} volumes are not supported by the test node agent")
         return out
+
+    def _project(self, name: str, projected: Mapping[str, Any]) -> pathlib.Path:
+        """A projected volume's files: what admission adds to every pod of a ServiceAccount
+        (`kube-api-access-*`: a token, the cluster's CA from `kube-root-ca.crt`, the namespace), or a
+        pod's own mix of those sources."""
+        path = self.dir / "volumes" / name
+        path.mkdir(parents=True, exist_ok=True)
+        default_mode = int(projected.get("defaultMode", 0o644))
+        files: dict[str, tuple[str, int | None]] = {}
+        for source in projected.get("sources") or []:
+            if "serviceAccountToken" in source:
+                token = source["serviceAccountToken"]
+                files[token["path"]] = (self._token(token), None)
+            elif "configMap" in source or "secret" in source:
+                kind = "configMap" if "configMap" in source else "secret"
+                ref = source[kind]
+                try:
+                    data = self.agent.source_data(self.ns, kind, ref["name"])
+                except LookupError:
+                    if ref.get("optional"):
+                        continue
+                    raise
+                for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                    files[item["path"]] = (data[item["key"]], item.get("mode"))
+            elif "downwardAPI" in source:
+                for item in source["downwardAPI"].get("items") or []:
+                    files[item["path"]] = (self._field(item["fieldRef"]["fieldPath"]), item.get("mode"))
+            else:
+                raise ValueError(f"projected volume {name!r}: source {sorted(source)} is not supported by the "
+                                 f"test node agent")
+        for relative, (text, mode) in files.items():
+            target = path / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            target.chmod(int(mode if mode is not None else default_mode))
+        return path
+
+    def _token(self, source: Mapping[str, Any]) -> str:
+        """A token of the pod's ServiceAccount, requested as its kubelet does: with the node's identity,
+        bound to this pod (so it dies with it). The server stretches the default hour of a
+        `kube-api-access` token to a year (--service-account-extend-token-expiration), so no test lives
+        to see it refreshed; this agent does not refresh it."""
+        account = self.spec.get("serviceAccountName") or "default"
+        spec: Body = {"expirationSeconds": int(source.get("expirationSeconds", 3600)),
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}}
+        if source.get("audience"):
+            spec["audiences"] = [source["audience"]]
+        answer = self.agent.api.request(
+            "POST", f"/api/v1/namespaces/{self.ns}/serviceaccounts/{account}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        return answer["status"]["token"]
+
+    def _field(self, path: str) -> str:
+        """A downward API field of this pod, as a file or env var carries it."""
+        values = {"metadata.name": self.name, "metadata.namespace": self.ns, "metadata.uid": self.uid,
+                  "status.podIP": self.ip, "status.hostIP": self.agent.host_ip,
+                  "spec.nodeName": self.agent.node_name,
+                  "spec.serviceAccountName": self.spec.get("serviceAccountName") or "default"}
+        if path in values:
+            return values[path]
+        for prefix, key in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
+            mapping = self.meta.get(key) or {}
+            if path == prefix:
+                return "\n".join(f'{k}="{v}"' for k, v in sorted(mapping.items()))
+            if path.startswith(prefix + "['") and path.endswith("']"):
+                return mapping.get(path[len(prefix) + 2:-2], "")
+        raise ValueError(f"downward API field {path!r} is not supported by the test node agent")
 
     # ---- status ------------------------------------------------------------------------------------
 
@@ -561,7 +658,6 @@ class PodRunner:
             "podIPs": [{"ip": self.ip}],
             "startTime": self.start_time,
             "containerStatuses": containers,
-            "qosClass": "Burstable",
         }
         if inits:
             status["initContainerStatuses"] = inits
@@ -612,13 +708,15 @@ class PodRunner:
 
 
 class NodeAgent:
-    """One node: watches every Pod of the API server, runs the new ones, stops the deleted ones."""
+    """One node: registers its Node, runs the Pods the scheduler binds to it, stops the deleted ones,
+    and serves their logs on the Node's kubelet port."""
 
-    def __init__(self, api_server: str, workdir: pathlib.Path, *, network: str, subnet: str,
-                 node_name: str = "kuberl-test-node", podman: Podman | None = None,
+    def __init__(self, api_server: str, token: str, ca: pathlib.Path, workdir: pathlib.Path, *, network: str,
+                 subnet: str, node_name: str = NODE, podman: Podman | None = None,
                  resource_limits: bool = True, labels: Mapping[str, str] | None = None,
                  restart_backoff: Sequence[float] = RESTART_BACKOFF_SECONDS):
-        self.api = Api(api_server)
+        """`token`: the node's own (`system:node:<node_name>`); `ca`: the API server's CA."""
+        self.api = Api(api_server, token, ca)
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.podman = podman or Podman(self.workdir)
@@ -628,9 +726,13 @@ class NodeAgent:
         self.host_ip = str(next(hosts))  # the bridge's gateway
         self._free_ips = hosts
         self.node_name = node_name
-        #: The labels a nodeSelector is matched against (a Node's well-known ones).
+        #: The Node's well-known labels, which the scheduler matches nodeSelectors against.
         self.node_labels = {"kubernetes.io/hostname": node_name, "kubernetes.io/os": "linux",
                             "kubernetes.io/arch": "amd64"}
+        # No kube-proxy runs, so the `kubernetes` Service's address leads nowhere: in-cluster clients
+        # are pointed at the API server itself (the network's gateway, where it listens).
+        server = urllib.parse.urlsplit(api_server)
+        self.service_host, self.service_port = server.hostname or "", str(server.port or 443)
         self.resource_limits = resource_limits
         self.labels = dict(labels or {})
         self.restart_backoff = tuple(restart_backoff)
@@ -638,19 +740,49 @@ class NodeAgent:
         self.errors: list[str] = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch_loop, args=("/api/v1/pods", self._on_pod),
-                                        name="node-agent-pods", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch_loop, args=("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node_name}"},
+                                           self._on_pod), name="node-agent-pods", daemon=True)
         self._services_thread = threading.Thread(
-            target=self._watch_loop, args=("/api/v1/services", lambda *_: self.refresh_hosts()),
+            target=self._watch_loop, args=("/api/v1/services", {}, lambda *_: self.refresh_hosts()),
             name="node-agent-services", daemon=True)
         self._hosts: pathlib.Path | None = None
+        self.kubelet = KubeletServer(self)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> NodeAgent:
+        self.kubelet.start()
+        self.register()
         self._thread.start()
         self._services_thread.start()
         return self
+
+    def register(self) -> None:
+        """Create this node's Node (as itself: NodeRestriction lets a node create only its own) and
+        report it Ready. Admission taints a new Node not-ready; lifting that is the node-lifecycle
+        controller's job, so whoever runs the cluster without it lifts it (`OneNodeCluster`)."""
+        # What the scheduler fits requests into; nothing enforces it (containers share the machine).
+        capacity = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
+        now = _now()
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node_name, "labels": self.node_labels}}
+        try:
+            self.api.request("POST", "/api/v1/nodes", node)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:  # a node agent started again on the same cluster
+                raise
+        self.api.request("PATCH", f"/api/v1/nodes/{self.node_name}/status", {"status": {
+            "capacity": capacity, "allocatable": capacity,
+            "addresses": [{"type": "InternalIP", "address": self.host_ip},
+                          {"type": "Hostname", "address": self.node_name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet.port}},
+            "nodeInfo": {"kubeletVersion": "kuberl-node-agent", "operatingSystem": "linux", "architecture": "amd64",
+                         "containerRuntimeVersion": "podman", "kernelVersion": os.uname().release,
+                         "osImage": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "the test node agent is running pods with podman",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+            "application/merge-patch+json")
 
     def stop(self) -> None:
         self._stop.set()
@@ -665,6 +797,7 @@ class NodeAgent:
             runner.remove_containers()
         self._thread.join(10)
         self._services_thread.join(10)
+        self.kubelet.stop()
 
     def __enter__(self) -> NodeAgent:
         return self.start()
@@ -674,15 +807,16 @@ class NodeAgent:
 
     # ---- watching ----------------------------------------------------------------------------------
 
-    def _watch_loop(self, path: str, handle: Any) -> None:
+    def _watch_loop(self, path: str, query: Mapping[str, str], handle: Any) -> None:
         while not self._stop.is_set():
             try:
-                listing = self.api.get(path)
+                listing = self.api.request("GET", f"{path}?{urllib.parse.urlencode(query)}")
                 for obj in listing["items"]:
                     handle("ADDED", obj)
                 resource_version = listing["metadata"]["resourceVersion"]
-                for event in self.api.watch(path, resource_version, self._stop):
-                    handle(event["type"], event["object"])
+                for event in self.api.watch(path, query, resource_version, self._stop):
+                    if event["type"] != "BOOKMARK":
+                        handle(event["type"], event["object"])
             except Exception as exc:  # noqa: BLE001 (a stopped agent closes its own watches under them)
                 if self._stop.is_set():
                     return
@@ -690,8 +824,11 @@ class NodeAgent:
                     self.errors.append(f"watch {path}: {exc!r}")
                 logger.info("node agent: watch interrupted (%r); re-listing", exc)
                 self._stop.wait(0.2)
+            else:  # the server ended the watch, or the version was too old: list again
+                continue
 
     def _on_pod(self, event_type: str, pod: Body) -> None:
+        """A pod the scheduler bound to this node (the watch selects only those)."""
         meta = pod["metadata"]
         uid = meta["uid"]
         with self._lock:
@@ -706,38 +843,10 @@ class NodeAgent:
                 return
             if runner is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 return
-            if (pod.get("spec") or {}).get("nodeName") not in (None, self.node_name):
-                return
-            if self._unschedulable(pod):
-                return
-            ip = str(next(self._free_ips))
-            bound = self.api.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                                   {"spec": {"nodeName": self.node_name}})
-            if bound is None:
-                return
-            runner = PodRunner(self, bound, ip)
+            runner = PodRunner(self, pod, str(next(self._free_ips)))
             self.pods[uid] = runner
         self.refresh_hosts(meta["namespace"])
         runner.start()
-
-    def _unschedulable(self, pod: Body) -> bool:
-        """As the scheduler: a gated pod, or one whose nodeSelector this node does not match, stays unbound
-        with PodScheduled False saying why (written once; the update it makes comes back as an event)."""
-        spec = pod.get("spec") or {}
-        if spec.get("schedulingGates"):
-            reason, message = "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates"
-        elif any(self.node_labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
-            reason, message = "Unschedulable", ("0/1 nodes are available: 1 node(s) didn't match Pod's node "
-                                                "affinity/selector. preemption: 0/1 nodes are available.")
-        else:
-            return False
-        condition = {"type": "PodScheduled", "status": "False", "reason": reason, "message": message}
-        shown = [{k: c.get(k) for k in condition} for c in (pod.get("status") or {}).get("conditions") or []]
-        if condition not in shown:
-            meta = pod["metadata"]
-            self.api.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status", {"status": {
-                "phase": "Pending", "conditions": [{**condition, "lastTransitionTime": _now()}]}})
-        return True
 
     def _terminate(self, runner: PodRunner) -> None:
         runner.stop()
@@ -837,6 +946,9 @@ class NodeAgent:
                 argv += ["--cpus", str(_cpu(limits["cpu"]))]
             if "memory" in limits:
                 argv += ["--memory", str(_bytes(limits["memory"]))]
+        # First, as a kubelet puts a namespace's service variables first: the pod's own env wins.
+        argv += ["--env", f"KUBERNETES_SERVICE_HOST={self.service_host}",
+                 "--env", f"KUBERNETES_SERVICE_PORT={self.service_port}"]
         for source in spec.get("envFrom") or []:  # first: an env entry of the same name wins, as on a node
             kind = "configMap" if "configMapRef" in source else "secret"
             for key, value in self.source_data(runner.ns, kind, source[f"{kind}Ref"]["name"]).items():
@@ -857,8 +969,8 @@ class NodeAgent:
                 argv += ["--mount", f"type=tmpfs,destination={target}{size},tmpfs-mode=1777"]
             else:
                 argv += ["--volume", f"{details['path']}:{target}:{'ro' if ro else 'rw'}"]
-        message_file = runner.termination_message_file(
-            (runner.init_containers if spec in (runner.spec.get("initContainers") or []) else runner.containers)[spec["name"]])
+        states = runner.init_containers if spec in (runner.spec.get("initContainers") or []) else runner.containers
+        message_file = runner.termination_message_file(states[spec["name"]])
         message_file.parent.mkdir(parents=True, exist_ok=True)
         message_file.write_text("")
         message_file.chmod(0o666)
@@ -883,10 +995,8 @@ class NodeAgent:
 
     def _env_from(self, runner: PodRunner, source: Mapping[str, Any]) -> str:
         path = (source.get("fieldRef") or {}).get("fieldPath")
-        values = {"metadata.name": runner.name, "metadata.namespace": runner.ns, "metadata.uid": runner.uid,
-                  "status.podIP": runner.ip, "status.hostIP": self.host_ip, "spec.nodeName": self.node_name}
-        if path in values:
-            return values[path]
+        if path:
+            return runner._field(path)
         ref = source.get("secretKeyRef")
         if ref:  # as a kubelet does: the Secret read with the node's credentials, the key's bytes decoded
             secret = self.api.get(f"/api/v1/namespaces/{runner.ns}/secrets/{ref['name']}")
@@ -897,7 +1007,7 @@ class NodeAgent:
             return base64.b64decode(data[ref["key"]]).decode()
         raise ValueError(f"env valueFrom {dict(source)} is not supported by the test node agent")
 
-    # ---- logs, for the emulator --------------------------------------------------------------------
+    # ---- logs, for the API server -------------------------------------------------------------------
 
     def runner(self, namespace: str, name: str) -> PodRunner | None:
         with self._lock:
@@ -906,52 +1016,120 @@ class NodeAgent:
                     return runner
         return None
 
-    async def pod_logs(self, namespace: str, name: str, query: Mapping[str, str], pod: Body
-                       ) -> AsyncIterator[bytes]:
-        """`GET pods/{name}/log`: container (default: the only one), previous, follow, tailLines."""
-        import kmock  # the emulator's error type, so a bad request is a 400 with a Status body
-
+    def log_argv(self, namespace: str, name: str, container: str, query: Mapping[str, str]) -> list[str]:
+        """`podman logs` for a kubelet's `/containerLogs/{namespace}/{name}/{container}`: previous,
+        follow, tailLines. Raises LookupError with the kubelet's message when there is nothing to read."""
         runner = self.runner(namespace, name)
         if runner is None:
-            raise kmock.KubernetesError(status=400, reason="BadRequest",
-                                        message=f"pod {name} has no containers on this node")
-        container = query.get("container")
-        if not container:
-            if len(runner.containers) != 1:
-                names = " ".join(runner.containers)
-                raise kmock.KubernetesError(
-                    status=400, reason="BadRequest",
-                    message=f"a container name must be specified for pod {name}, choose one of: [{names}]")
-            container = next(iter(runner.containers))
+            raise LookupError(f"pod {namespace}/{name} has no containers on this node")
         state = runner.containers.get(container) or runner.init_containers.get(container)
         if state is None:
-            raise kmock.KubernetesError(status=400, reason="BadRequest",
-                                        message=f"container {container} is not valid for pod {name}")
-        target = state.previous if query.get("previous") in ("true", "1") else state.current
-        if target is None:
-            raise kmock.KubernetesError(
-                status=400, reason="BadRequest",
-                message=f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+            raise LookupError(f"container {container} is not valid for pod {name}")
+        if query.get("previous") in ("true", "1"):
+            target = state.previous
+            if target is None:
+                raise LookupError(f'previous terminated container "{container}" in pod "{name}" not found')
+        else:
+            target = state.current
+            if target is None:
+                raise LookupError(f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
         argv = self.podman.argv("logs")
-        if query.get("tailLines"):
-            argv += ["--tail", query["tailLines"]]
         if query.get("follow") in ("true", "1"):
+            # podman's own --tail can join the last lines; without follow the server tails (KubeletServer).
+            if query.get("tailLines"):
+                argv += ["--tail", str(int(query["tailLines"]))]
             argv.append("--follow")
-        argv.append(target)
+        return [*argv, target]
 
-        async def stream() -> AsyncIterator[bytes]:
-            process = await asyncio.create_subprocess_exec(
-                *argv, env=self.podman.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-            assert process.stdout is not None
-            try:
-                while chunk := await process.stdout.read(65536):
-                    yield chunk
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                await process.wait()
 
-        return stream()
+class KubeletServer:
+    """The kubelet's HTTPS port, as much of it as the API server calls for `kubectl logs`:
+    `GET /containerLogs/{namespace}/{pod}/{container}`. It listens on the network's gateway (the Node's
+    InternalIP) with a self-signed certificate: the API server, given no kubelet CA, does not verify it,
+    and it authenticates no client (a test node on a network of the test's own)."""
+
+    def __init__(self, agent: NodeAgent):
+        self.agent = agent
+        self.server: http.server.ThreadingHTTPServer | None = None
+        self.port = 0
+
+    def start(self) -> None:
+        pki = self.agent.workdir / "kubelet-pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+                        "-keyout", str(pki / "kubelet.key"), "-out", str(pki / "kubelet.crt"),
+                        "-subj", f"/CN={self.agent.node_name}",
+                        "-addext", f"subjectAltName=IP:{self.agent.host_ip}"], check=True, capture_output=True)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki / "kubelet.crt", pki / "kubelet.key")
+        agent = self.agent
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                parts = url.path.strip("/").split("/")
+                if len(parts) != 4 or parts[0] != "containerLogs":
+                    self._text(404, f"{url.path} is not served by the test node agent\n")
+                    return
+                query = dict(urllib.parse.parse_qsl(url.query))
+                try:
+                    argv = agent.log_argv(parts[1], parts[2], parts[3], query)
+                except (LookupError, ValueError) as exc:
+                    self._text(400, str(exc).strip("'\"") + "\n")
+                    return
+                limit = int(query["limitBytes"]) if query.get("limitBytes") else None
+                if query.get("tailLines") and "--follow" not in argv:
+                    done = subprocess.run(argv, env=agent.podman.env, capture_output=True, check=False)
+                    lines = (done.stdout + done.stderr).splitlines(keepends=True)
+                    text = b"".join(lines[len(lines) - min(len(lines), int(query["tailLines"])):])
+                    self._send(200, text[:limit] if limit is not None else text)
+                    return
+                process = subprocess.Popen(argv, env=agent.podman.env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT)
+                assert process.stdout is not None
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+                try:
+                    while chunk := process.stdout.read1(65536):
+                        if limit is not None:
+                            chunk, limit = chunk[:limit], limit - len(chunk[:limit])
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        if limit == 0:
+                            break
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client stopped following
+                finally:
+                    if process.poll() is None:
+                        process.kill()
+                    process.wait()
+
+            def _text(self, code: int, text: str) -> None:
+                self._send(code, text.encode())
+
+            def _send(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer((self.agent.host_ip, 0), Handler)
+        self.server.daemon_threads = True
+        # The handshake on the first read, in the connection's own thread: a slow client holds up no other.
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True,
+                                                 do_handshake_on_connect=False)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, name="node-agent-kubelet", daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
 
 
 def _cpu(quantity: Any) -> float:
@@ -1007,4 +1185,4 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.1, what: str 
         time.sleep(interval)
 
 
-__all__ = ["NodeAgent", "Podman", "free_subnet", "podman_network", "wait_until"]
+__all__ = ["KubeletServer", "NodeAgent", "Podman", "free_subnet", "podman_network", "wait_until"]

@@ -3,7 +3,8 @@
 Fast tests read dashboards/kuberl.json: the variables a user picks, the panels the issue asks
 for, and every metric name in every query checked against the learner's and the operator's
 prometheus_client registries. The slow test starts Debian's Prometheus on loopback, scrapes a
-real `kuberl train` run and a real `kuberl-operator` (against the emulated API server), and
+real `kuberl train` run and a real `kuberl-operator` (on the real control plane, with the chart's
+ServiceAccount token), and
 evaluates every panel query through Prometheus's HTTP API, as Grafana would.
 """
 
@@ -254,27 +255,21 @@ def has_finite_value(result: list[dict]) -> bool:
 
 
 @contextlib.contextmanager
-def operator_on_emulated_cluster(tmp_path: Path, job: dict, port: int):
-    """The real `kuberl-operator` against the emulated API server, reconciling `job`, /metrics on `port`.
+def operator_on_cluster(kube, job: dict, port: int):
+    """The real `kuberl-operator` on the session's control plane (tests/bed/real_cluster.py) with the
+    chart's ServiceAccount token, reconciling `job` in the test's namespace, /metrics on `port`.
 
-    Yields the cluster. There is no kubelet: the caller marks pods Running as one would. The
-    emulator serves no NetworkPolicies, so the operator creates none.
+    Yields the namespace. No kubelet runs the pods: the caller marks them Running as their node would.
     """
-    from bed.k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
-
-    namespace = job["metadata"]["namespace"]
-    emulator = KubernetesApiEmulator(crds=load_crds(), namespaces=["default", namespace])
-    with EmulatedCluster(emulator, tmp_path / "k8s", namespace=namespace) as cluster:
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "KUBECACHEDIR": str(cluster.kubecache_dir)}
-        cmd = [str(Path(sys.executable).parent / "kuberl-operator"), "run", f"--namespace={namespace}",
-               f"--metrics-port={port}", "--metrics-address=127.0.0.1",
-               f"--liveness-endpoint=http://127.0.0.1:{free_port()}/healthz",
-               "--reconcile-interval=1", "--no-network-policies"]
-        with running(cmd, tmp_path / "operator.log", env=env):
-            wait_until(lambda: http_json_text(f"http://127.0.0.1:{port}/metrics"), 30, "the operator's /metrics")
-            cluster.create(job)
-            yield cluster
-    assert not emulator.internal_errors, emulator.internal_errors
+    namespace = kube.namespace
+    cmd = [str(Path(sys.executable).parent / "kuberl-operator"), "run", f"--namespace={namespace}",
+           f"--metrics-port={port}", "--metrics-address=127.0.0.1",
+           f"--liveness-endpoint=http://127.0.0.1:{free_port()}/healthz",
+           "--reconcile-interval=1", "--no-network-policies"]
+    with running(cmd, kube.workdir / "operator.log", env=kube.env):
+        wait_until(lambda: http_json_text(f"http://127.0.0.1:{port}/metrics"), 30, "the operator's /metrics")
+        kube.create(job)
+        yield kube
 
 
 def http_json_text(url: str) -> str:
@@ -284,9 +279,13 @@ def http_json_text(url: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_every_panel_returns_data_from_a_real_prometheus_scraping_a_real_run(tmp_path):
+def test_every_panel_returns_data_from_a_real_prometheus_scraping_a_real_run(tmp_path, kube):
     prometheus = prometheus_binary()
     job = yaml.safe_load(JOB_FILE.read_text())
+    # The test's namespace, for the operator's job and the learner's metric labels alike.
+    job["metadata"]["namespace"] = kube.namespace
+    job_file = tmp_path / JOB_FILE.name
+    job_file.write_text(yaml.safe_dump(job))
     selected = {"namespace": job["metadata"]["namespace"], "job_name": job["metadata"]["name"],
                 "datasource": "prometheus"}
     learner_port, operator_port, prom_port = free_port(), free_port(), free_port()
@@ -302,13 +301,13 @@ def test_every_panel_returns_data_from_a_real_prometheus_scraping_a_real_run(tmp
     prom_cmd = [str(prometheus), f"--config.file={tmp_path / 'prometheus.yml'}",
                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}",
                 "--log.level=warn"]
-    train_cmd = [str(Path(sys.executable).parent / "kuberl"), "train", str(JOB_FILE),
+    train_cmd = [str(Path(sys.executable).parent / "kuberl"), "train", str(job_file),
                  "--metrics-port", str(learner_port), "--run-dir", str(tmp_path / "run"), "--no-progress"]
     # RAY_ADDRESS=local: a local run starts its own Ray even when a `ray start` cluster runs on this
     # machine (Ray would otherwise join the one in /tmp/ray/ray_current_cluster).
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "local"}
 
-    with operator_on_emulated_cluster(tmp_path, job, operator_port) as cluster, \
+    with operator_on_cluster(kube, job, operator_port) as cluster, \
             running(prom_cmd, tmp_path / "prometheus.log") as prom_proc, \
             running(train_cmd, tmp_path / "train.log", env=env) as train_proc:
         api = Prometheus(prom_port)
@@ -316,9 +315,9 @@ def test_every_panel_returns_data_from_a_real_prometheus_scraping_a_real_run(tmp
 
         def kubelet() -> None:
             """Pods the operator created would be running on a real cluster: say so, as a kubelet would."""
-            for pod in cluster.list("pods", namespace=selected["namespace"]):
-                if pod.get("status", {}).get("phase") != "Running":
-                    cluster.set_pod_phase(selected["namespace"], pod["metadata"]["name"], "Running")
+            for pod in cluster.list("pods"):
+                if pod.get("status", {}).get("phase") != "Running" and pod["spec"].get("nodeName"):
+                    cluster.set_pod_phase(None, pod["metadata"]["name"], "Running")
 
         # Grafana's $__rate_interval is at least four scrape intervals; a minute (4 x a 15 s
         # scrape) also covers the operator's slower timer.
@@ -326,7 +325,8 @@ def test_every_panel_returns_data_from_a_real_prometheus_scraping_a_real_run(tmp
         empty: dict[str, str] = {}
 
         def all_panels_have_data() -> bool:
-            assert train_proc.poll() is None, f"kuberl train exited early:\n{(tmp_path / 'train.log').read_text()[-3000:]}"
+            assert train_proc.poll() is None, (f"kuberl train exited early; panels without data: {json.dumps(empty)}\n"
+                                               f"{(tmp_path / 'train.log').read_text()[-3000:]}")
             kubelet()
             empty.clear()
             for title, expr in exprs:

@@ -4,8 +4,8 @@ pod a podman container) and each ends with its own status, metrics and checkpoin
 over; twenty jobs on the real API server alone (kopf for real, the test as the kubelet, as in
 test_operator_integration.py) reconcile with no error and exactly one of each pod.
 
-Modes: podman containers on the emulated API server (the three jobs); kopf against the real control plane,
-no containers (the twenty).
+Modes: podman containers run by the node agent on the bed's own real control plane, the operator from its
+chart (the three jobs); kopf against the session's real control plane, no containers (the twenty).
 """
 
 from __future__ import annotations

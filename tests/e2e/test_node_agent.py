@@ -1,9 +1,10 @@
 """
-The test bed's node agent (tests/bed/node_agent.py) does what a kubelet does, checked on real containers.
+The test bed's node agent (tests/bed/node_agent.py) does what a kubelet does, checked on real containers
+and the real control plane: the scheduler binds each pod to the agent's Node, the agent runs it and
+writes its status as that node, and `kubectl logs` reaches it through the API server.
 
-Every pod here runs as a podman container of the operator image (it has a Python and a shell); the
-agent watches the API emulator over HTTP and writes status back the way a kubelet would. These are
-the behaviours the end-to-end tests rely on; if one breaks, those tests would test the bed, not the
+Every pod here runs as a podman container of the operator image (it has a Python and a shell). These
+are the behaviours the end-to-end tests rely on; if one breaks, those tests would test the bed, not the
 product. Mode: podman containers.
 """
 
@@ -13,10 +14,8 @@ import json
 import time
 
 import pytest
-from bed.cluster_bed import OPERATOR_IMAGE, require_podman_and_images
-from bed.k8s_emulator import EmulatedCluster, KubernetesApiEmulator
-from bed.node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
-
+from bed.cluster_bed import OPERATOR_IMAGE, BedApi, OneNodeCluster, require_podman_and_images
+from bed.node_agent import Podman, wait_until
 
 IMAGE = OPERATOR_IMAGE
 NS = "node-test"
@@ -27,29 +26,18 @@ LOCKED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
+    """The control plane and the node agent, without the operator."""
     require_podman_and_images()
-    work = tmp_path_factory.mktemp("node")
-    podman = Podman(work)
-    subnet = free_subnet(podman, 77)
-    network = f"kuberl-node-test-{int(time.time()) % 100000}"
-    with podman_network(podman, network, subnet):
-        anchor = f"{network}-gateway"
-        last = subnet.replace(".0.0/16", ".255.254")
-        podman("pod", "create", "--name", anchor, "--network", network, "--ip", last)
-        podman("pod", "start", anchor)
-        try:
-            agent = NodeAgent("http://unset", work / "agent", network=network, subnet=subnet, podman=podman,
-                              restart_backoff=(1,))
-            emulator = KubernetesApiEmulator(namespaces=["default", NS], graceful_pod_deletion=True,
-                                             pod_logs=agent.pod_logs)
-            with EmulatedCluster(emulator, work / "k8s", namespace=NS, host=agent.host_ip) as cluster:
-                agent.api.server = cluster.url
-                with agent:
-                    yield cluster, agent
-                assert not agent.errors, agent.errors
-            assert not emulator.internal_errors, emulator.internal_errors
-        finally:
-            podman("pod", "rm", "--force", "--time", "0", anchor, check=False)
+    with OneNodeCluster(tmp_path_factory.mktemp("node"), namespaces=(NS,), operator=False,
+                        restart_backoff=(1,)) as bed:
+        yield bed.cluster, bed.agent
+        assert not bed.agent.errors, bed.agent.errors
+        assert not bed.provisioner.errors, bed.provisioner.errors
+
+
+def claim(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
 
 
 def pod(name: str, script: str, *, restart: str = "Never", volumes=(), mounts=(), init: str | None = None,
@@ -66,12 +54,12 @@ def pod(name: str, script: str, *, restart: str = "Never", volumes=(), mounts=()
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
 
 
-def ended(cluster: EmulatedCluster, name: str, timeout: float = 90) -> dict:
+def ended(cluster: BedApi, name: str, timeout: float = 90) -> dict:
     return cluster.wait_for("pods", name, lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
                             timeout=timeout)
 
 
-def ready(cluster: EmulatedCluster, name: str, timeout: float = 90) -> dict:
+def ready(cluster: BedApi, name: str, timeout: float = 90) -> dict:
     def is_ready(p: dict) -> bool:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions", []))
     return cluster.wait_for("pods", name, is_ready, timeout=timeout)
@@ -79,7 +67,7 @@ def ready(cluster: EmulatedCluster, name: str, timeout: float = 90) -> dict:
 
 def test_a_pod_runs_with_its_security_context_volumes_env_and_init_container(node):
     cluster, agent = node
-    cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"}, "spec": {}})
+    cluster.create(claim("data"))
     script = """
 import json, os
 status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().splitlines() if ':\\t' in line)
@@ -144,7 +132,7 @@ def test_service_names_resolve_to_their_pods_and_readiness_follows_the_probe(nod
 
 def test_restart_policy_on_failure_restarts_and_keeps_the_previous_log(node):
     cluster, _ = node
-    cluster.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "flaky"}, "spec": {}})
+    cluster.create(claim("flaky"))
     script = """
 import os, sys
 marker = '/data/first-run-done'
@@ -193,14 +181,62 @@ def test_deletion_sends_sigterm_and_kills_after_the_grace_period(node):
     assert "_polite_" not in names and "_stubborn_" not in names
 
 
-def test_a_missing_claim_fails_the_pod_with_the_reason(node):
-    cluster, _ = node
+def test_a_pod_of_a_missing_claim_is_not_scheduled_and_says_why(node):
+    cluster, agent = node
     cluster.create(pod("orphan", "print(1)", volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "nope"}}],
                        mounts=[{"name": "d", "mountPath": "/d"}]))
-    status = ended(cluster, "orphan")["status"]
-    assert status["phase"] == "Failed" and status["reason"] == "FailedMount"
-    assert 'persistentvolumeclaim "nope" not found' in status["message"]
+    held = cluster.wait_for("pods", "orphan", lambda p: scheduled(p).get("reason") == "Unschedulable", timeout=30)
+    assert 'persistentvolumeclaim "nope" not found' in scheduled(held)["message"]
+    assert agent.runner(NS, "orphan") is None
     cluster.kubectl("delete", "pod", "orphan")
+
+
+def test_a_service_account_pod_reaches_the_api_server_with_its_bound_token(node):
+    """The projected `kube-api-access` volume admission adds: a token bound to the pod, the cluster's CA,
+    the namespace; and KUBERNETES_SERVICE_HOST/PORT leading to the API server."""
+    cluster, _ = node
+    script = """
+import json, os, ssl, urllib.request
+base = '/var/run/secrets/kubernetes.io/serviceaccount'
+token, ns = open(base + '/token').read(), open(base + '/namespace').read()
+url = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{os.environ['KUBERNETES_SERVICE_PORT']}"
+request = urllib.request.Request(url + '/apis/authentication.k8s.io/v1/selfsubjectreviews', method='POST',
+    data=json.dumps({'apiVersion': 'authentication.k8s.io/v1', 'kind': 'SelfSubjectReview'}).encode(),
+    headers={'Authorization': 'Bearer ' + token, 'Content-Type': 'application/json'})
+context = ssl.create_default_context(cafile=base + '/ca.crt')
+review = json.load(urllib.request.urlopen(request, context=context))
+print(json.dumps({'namespace': ns, 'user': review['status']['userInfo']}))
+"""
+    cluster.create(pod("talker", script))
+    done = ended(cluster, "talker")
+    assert done["status"]["phase"] == "Succeeded", cluster.kubectl("logs", "talker", check=False).stdout
+    assert any(v["name"].startswith("kube-api-access-") for v in done["spec"]["volumes"])
+    seen = json.loads(cluster.kubectl("logs", "talker").stdout.strip().splitlines()[-1])
+    assert seen["namespace"] == NS
+    assert seen["user"]["username"] == f"system:serviceaccount:{NS}:default"
+    # Bound to the pod: the server says which one.
+    assert seen["user"]["extra"]["authentication.kubernetes.io/pod-name"] == ["talker"]
+    cluster.kubectl("delete", "pod", "talker")
+
+
+def test_kubectl_logs_follows_tails_and_refuses_as_a_kubelet_does(node):
+    """`kubectl logs` goes to the API server, which asks the Node's kubelet port for the container's log."""
+    import subprocess
+
+    cluster, _ = node
+    cluster.create(pod("counter", "import time\nfor i in range(5): print(i, flush=True)\ntime.sleep(4)\nprint('done')"))
+    wait_until(lambda: "0" in cluster.kubectl("logs", "counter", check=False).stdout, 90, 0.2, "counter printing")
+    follow = subprocess.run(["kubectl", "logs", "counter", "--follow"], env=cluster.env, capture_output=True,
+                            text=True, timeout=90, check=True)
+    assert follow.stdout.split() == ["0", "1", "2", "3", "4", "done"]  # until the container ended
+    assert ended(cluster, "counter")["status"]["phase"] == "Succeeded"
+    assert cluster.kubectl("logs", "counter", "--tail=2").stdout.split() == ["4", "done"]
+    assert cluster.kubectl("logs", "counter", "--limit-bytes=4").stdout == "0\n1\n"
+    previous = cluster.kubectl("logs", "counter", "--previous", check=False)
+    assert previous.returncode != 0 and 'previous terminated container "main"' in previous.stderr
+    missing = cluster.kubectl("logs", "counter", "-c", "nope", check=False)
+    assert missing.returncode != 0 and "container nope is not valid for pod counter" in missing.stderr
+    cluster.kubectl("delete", "pod", "counter")
 
 
 def scheduled(p: dict) -> dict:
@@ -220,7 +256,8 @@ def test_scheduling_gates_hold_a_pod_until_removed_and_cannot_be_added(node):
     held = cluster.wait_for("pods", "gated", lambda p: scheduled(p).get("reason") == "SchedulingGated", timeout=30)
     assert held["status"]["phase"] == "Pending" and not held["spec"].get("nodeName")
     assert agent.runner(NS, "gated") is None
-    with pytest.raises(Exception, match="spec.schedulingGates: Forbidden: only deletion is allowed"):
+    with pytest.raises(Exception, match=r"spec.schedulingGates\[1\].name: Forbidden: only deletion is allowed, "
+                                          r"but found new scheduling gate 'other'"):
         cluster.patch("pods", "gated", {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"},
                                                                      {"name": "other"}]}})
     cluster.kubectl("patch", "pod", "gated", "--type=json", "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')

@@ -101,7 +101,7 @@ def refused(cluster_session, tmp_path_factory) -> Iterator[tuple[ClusterNamespac
     ends either refused by the API server itself (the CRD's schema and CEL rules, nothing stored) or
     created and waited for until the operator failed it: {stem: {"refused": message} or the job's status}."""
     import kubernetes
-    from bed.k8s_fixtures import run_kopf_in_thread
+    from bed.kopf_thread import run_kopf_in_thread
 
     from kuberl.operator.handlers import build_registry, memo_for
     from kuberl.operator.metrics import OperatorMetrics

@@ -1,18 +1,17 @@
-"""The operator under API server faults the real server does not produce on demand (a 500 on create).
-
-These run on the emulated API server (tests/bed/k8s_emulator.py), whose request rules inject the fault;
-every other operator test runs on the real control plane (test_operator_integration.py). They move to a
-fault proxy in front of the real server when the emulator is retired.
+"""The operator under API server faults the real server does not produce on demand: a 500 on create, a
+slow answer, a watch cut mid-stream. The operator talks to the session's real control plane through a
+fault proxy (tests/bed/fault_proxy.py) that injects them; everything else is the real server's answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import kmock
+import kubernetes
 import pytest
-from bed.k8s_emulator import ALL_VERBS, EmulatedCluster, KubernetesApiEmulator, load_crds
-from bed.k8s_fixtures import run_kopf_in_thread
+from bed.fault_proxy import FaultProxy
+from bed.kopf_thread import run_kopf_in_thread
+from bed.real_cluster import ClusterNamespace
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,26 +20,19 @@ from kuberl.operator.handlers import build_registry, memo_for
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import OperatorConfig, Runtime
 
-NS, JOB = "kuberl-test", "cartpole-ppo"
+JOB = "cartpole-ppo"
 WAIT = 30
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch) -> Iterator[EmulatedCluster]:
-    import kubernetes
-
-    network_policies = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
-    emulator = KubernetesApiEmulator(
-        crds=load_crds(), namespaces=["default", NS],
-        extra_resources={network_policies: kmock.ResourceInfo(
-            kind="NetworkPolicy", singular="networkpolicy", namespaced=True, verbs=ALL_VERBS,
-            shortnames={"netpol"}, categories=set(), subresources=set())})
-    with EmulatedCluster(emulator, tmp_path / "k8s", namespace=NS) as running:
-        monkeypatch.setenv("KUBECONFIG", str(running.kubeconfig))
-        monkeypatch.setenv("KUBECACHEDIR", str(running.kubecache_dir))
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(running.kubeconfig))
+def proxy(kube: ClusterNamespace, monkeypatch) -> Iterator[FaultProxy]:
+    """The fault proxy, and the operator's kubeconfig (its ServiceAccount token) leading through it."""
+    with FaultProxy(kube.plane) as running:
+        kubeconfig = running.kubeconfig(kube.operator_kubeconfig)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        running.operator_kubeconfig = kubeconfig
         yield running
-    assert not emulator.internal_errors, emulator.internal_errors
 
 
 def sample(metrics: OperatorMetrics, name: str, **labels: str) -> float:
@@ -51,18 +43,39 @@ def sample(metrics: OperatorMetrics, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_api_errors_are_counted_and_retried(cluster, job_dict):
-    cluster.emulator[f"post /api/v1/namespaces/{NS}/pods"][:3] << 500  # the first three pod creations fail
-    metrics = OperatorMetrics()
+def run_operator(kube: ClusterNamespace, proxy: FaultProxy, metrics: OperatorMetrics):
     config = OperatorConfig(reconcile_interval=0.5, idle_interval=0.5, progress_interval=0.2,
                             build=BuildOptions(trainer_image="kuberl-trainer:test"))
-    runtime = Runtime(config, api_client=cluster.api_client(), metrics=metrics)
+    client = kubernetes.config.new_client_from_config(config_file=str(proxy.operator_kubeconfig))
+    runtime = Runtime(config, api_client=client, metrics=metrics)
+    return run_kopf_in_thread(build_registry(login=False), namespaces=[kube.namespace], memo=memo_for(runtime))
+
+
+def test_api_errors_are_counted_and_retried(kube, proxy, job_dict):
+    # The first three pod creations (server-side dry runs included) fail as an overloaded server's would.
+    rule = proxy.fail("POST", rf"/api/v1/namespaces/{kube.namespace}/pods", status=500, times=3)
+    metrics = OperatorMetrics()
     job_dict["spec"]["rolloutWorkers"]["replicas"] = 1
-    with run_kopf_in_thread(build_registry(login=False), namespaces=[NS], memo=memo_for(runtime)):
-        cluster.create(job_dict, namespace=NS)
+    with run_operator(kube, proxy, metrics):
+        kube.create(job_dict)
         for name in (f"{JOB}-head", f"{JOB}-learner", f"{JOB}-worker-0"):
-            cluster.wait_for("pods", name, timeout=WAIT)
+            kube.wait_for("pods", name, timeout=WAIT)
+        assert rule.hits == 3
         assert sample(metrics, "kuberl_operator_errors_total", handler="reconcile", kind="http_500") >= 1
         for name in (f"{JOB}-head", f"{JOB}-learner", f"{JOB}-worker-0"):
-            cluster.set_pod_phase(NS, name, "Running")
-        cluster.wait_for("rltj", JOB, lambda job: (job.get("status") or {}).get("phase") == "Running", timeout=WAIT)
+            kube.set_pod_phase(None, name, "Running")
+        kube.wait_for("rltj", JOB, lambda job: (job.get("status") or {}).get("phase") == "Running", timeout=WAIT)
+
+
+def test_a_watch_cut_mid_stream_and_a_slow_answer_lose_no_job(kube, proxy, job_dict):
+    """kopf's watch of the jobs is cut twice and the operator's pod listing answers late: the job is
+    still seen, built and reported Running."""
+    cut = proxy.drop("GET", r"/apis/kuberl\.dev/v1alpha1/namespaces/[^/]+/rltrainingjobs", times=2)
+    slow = proxy.slow("GET", rf"/api/v1/namespaces/{kube.namespace}/pods", seconds=2, times=2)
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = 1
+    with run_operator(kube, proxy, OperatorMetrics()):
+        kube.create(job_dict)
+        for name in (f"{JOB}-head", f"{JOB}-learner", f"{JOB}-worker-0"):
+            kube.set_pod_phase(None, name, "Running")
+        kube.wait_for("rltj", JOB, lambda job: (job.get("status") or {}).get("phase") == "Running", timeout=WAIT)
+    assert cut.hits == 2 and slow.hits >= 1

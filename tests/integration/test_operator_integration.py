@@ -67,7 +67,7 @@ def start_operator(cluster) -> Callable[..., contextlib.AbstractContextManager[O
     @contextlib.contextmanager
     def start(metrics: OperatorMetrics | None = None, **config: Any) -> Iterator[Operator]:
         # Imported here: a module-level import would pre-empt pytest registering it as a plugin elsewhere.
-        from bed.k8s_fixtures import run_kopf_in_thread
+        from bed.kopf_thread import run_kopf_in_thread
 
         config.setdefault("reconcile_interval", 0.5)
         config.setdefault("idle_interval", 0.5)

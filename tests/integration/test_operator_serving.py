@@ -119,7 +119,7 @@ def cluster(kube):
 
 
 def test_operator_creates_the_serving_deployment_and_service_once_the_job_succeeds(cluster, job_dict):
-    from bed.k8s_fixtures import run_kopf_in_thread
+    from bed.kopf_thread import run_kopf_in_thread
 
     from kuberl.operator import rbac
     from kuberl.operator.handlers import build_registry, memo_for

@@ -1,7 +1,7 @@
 """The reconcile decision (`lifecycle.plan`) for every lifecycle rule, with pods in given states.
 
 These run the pure planner the operator runs; the integration tests run the same rules through kopf
-against the API emulator.
+against a real API server.
 """
 
 from __future__ import annotations

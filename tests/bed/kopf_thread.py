@@ -1,77 +1,23 @@
 """
-pytest fixtures for tests that need a Kubernetes API, and a helper that runs kopf for real.
-
-`k8s_cluster` starts the emulated API server (tests/bed/k8s_emulator.py) and points every client at
-it: $KUBECONFIG, $KUBECACHEDIR and the `kubernetes` package's frozen default kubeconfig path.
-Override `k8s_namespace` or `k8s_crds` in a test module to change what it serves.
-`run_kopf_in_thread` runs an operator (a module, or a kopf.OperatorRegistry) against it.
+kopf for real in a test: `run_kopf_in_thread` runs an operator (a module, or a kopf.OperatorRegistry)
+in a thread of its own against whatever API server $KUBECONFIG names, until the block ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
 import kopf
-import kubernetes
-import pytest
 
-from .k8s_emulator import EmulatedCluster, KubernetesApiEmulator, load_crds
-
-__all__ = [
-    "KopfOperator",
-    "k8s_api",
-    "k8s_cluster",
-    "k8s_crds",
-    "k8s_namespace",
-    "run_kopf",
-    "run_kopf_in_thread",
-]
-
-
-@pytest.fixture()
-def k8s_namespace() -> str:
-    """The namespace tests work in: created in the cluster, the kubeconfig context's default."""
-    return "kuberl-test"
-
-
-@pytest.fixture()
-def k8s_crds() -> list[Mapping[str, Any]]:
-    """CRDs served from the start: crds/rltrainingjob.yaml, or a stand-in until it is committed."""
-    return load_crds()
-
-
-@pytest.fixture()
-def k8s_cluster(
-    tmp_path, monkeypatch, k8s_namespace: str, k8s_crds: Sequence[Mapping[str, Any]]
-) -> Iterator[EmulatedCluster]:
-    """A running emulated API server, with this process's and subprocesses' clients pointed at it."""
-    emulator = KubernetesApiEmulator(crds=k8s_crds, namespaces=["default", k8s_namespace])
-    with EmulatedCluster(emulator, tmp_path / "k8s", namespace=k8s_namespace) as cluster:
-        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-        monkeypatch.setenv("KUBECACHEDIR", str(cluster.kubecache_dir))
-        # The client reads $KUBECONFIG once, at import: its default path must be replaced too.
-        monkeypatch.setattr(
-            kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig)
-        )
-        yield cluster
-    # An exception inside the emulator is its bug, whatever the clients made of the HTTP 500.
-    assert not emulator.internal_errors, f"the Kubernetes emulator failed: {emulator.internal_errors!r}"
-
-
-@pytest.fixture()
-def k8s_api(k8s_cluster: EmulatedCluster) -> Iterator[kubernetes.client.ApiClient]:
-    """A `kubernetes.client.ApiClient` for the emulated cluster."""
-    with k8s_cluster.api_client() as client:
-        yield client
+__all__ = ["KopfOperator", "run_kopf_in_thread"]
 
 
 @attrs.define
@@ -94,7 +40,7 @@ def _test_settings(settings: kopf.OperatorSettings) -> None:
     """Defaults that keep a test's operator quick to start, react and stop."""
     settings.networking.request_timeout = 10
     settings.watching.connect_timeout = 5
-    # Kopf reconnects a watch after this much silence; the emulator keeps idle watches open anyway.
+    # Kopf reconnects a watch after this much silence.
     settings.watching.inactivity_timeout = 60
 
 
@@ -175,9 +121,3 @@ def run_kopf_in_thread(
             raise TimeoutError(f"kopf did not stop in {stop_timeout}s")
     if operator.error is not None:
         raise RuntimeError("kopf failed") from operator.error
-
-
-@pytest.fixture()
-def run_kopf(k8s_cluster: EmulatedCluster) -> Callable[..., contextlib.AbstractContextManager[KopfOperator]]:
-    """`run_kopf_in_thread`, serving the test namespace of the emulated cluster by default."""
-    return functools.partial(run_kopf_in_thread, namespaces=[k8s_cluster.namespace])
