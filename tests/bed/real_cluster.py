@@ -62,7 +62,7 @@ def _plural(kind: str) -> str:
 def volume_claim(name: str, namespace: str) -> list[Body]:
     """A claim and a volume it binds to (the controller manager's binder binds them; the scheduler then
     places pods that mount it). The volume is a hostPath nobody mounts: no kubelet runs the pods."""
-    volume = f"{namespace}-{name}"[:63]
+    volume = f"{namespace}-{name}"  # a PersistentVolume name may be 253 characters
     return [
         {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
          "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],

@@ -55,7 +55,8 @@ def test_helm_install_of_the_chart_and_pod_security_admits_the_operator(cluster:
     pod for the operator passes Pod Security `restricted` in the release namespace."""
     from tools import helm_binary
 
-    release, namespace = "contract", f"{cluster.namespace}-op"[:63]
+    # (a namespace name is a DNS label: at most 63 characters, ending in a letter or digit)
+    release, namespace = "contract", f"{cluster.namespace[:60].rstrip('-')}-op"
     helm = [str(helm_binary()), f"--kubeconfig={cluster.kubeconfig}"]
     done = subprocess.run([*helm, "install", release, str(REPO / "charts" / "kuberl-operator"), "-n", namespace,
                            "--create-namespace"],
