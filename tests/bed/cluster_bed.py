@@ -29,14 +29,14 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
 
 from .control_plane import ADMIN, ControlPlane
 from .node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
-from .real_cluster import PATCH_TYPES, ApiError, Rest, _plural
+from .real_cluster import ApiError, Objects, Rest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kuberl-operator"
@@ -47,21 +47,6 @@ RELEASE = "kuberl-operator"
 BED_LABEL = "kuberl.dev/test-bed"
 
 Body = dict[str, Any]
-
-# resource -> (API prefix, namespaced): what the tests and benchmarks read and write.
-RESOURCES: dict[str, tuple[str, bool]] = {
-    **{r: ("/api/v1", True) for r in ("pods", "services", "events", "configmaps", "secrets", "serviceaccounts",
-                                      "resourcequotas", "persistentvolumeclaims", "limitranges")},
-    **{r: ("/api/v1", False) for r in ("namespaces", "nodes", "persistentvolumes")},
-    "deployments": ("/apis/apps/v1", True), "replicasets": ("/apis/apps/v1", True),
-    "networkpolicies": ("/apis/networking.k8s.io/v1", True),
-    "roles": ("/apis/rbac.authorization.k8s.io/v1", True),
-    "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", True),
-    "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
-}
-ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies", "deploy": "deployments",
-           "pvc": "persistentvolumeclaims", "po": "pods", "svc": "services", "cm": "configmaps"}
-
 
 def ensure_images(force: bool = False) -> dict[str, float]:
     """Build both images with scripts/build-images (a no-op when their inputs are unchanged).
@@ -78,13 +63,12 @@ def ensure_images(force: bool = False) -> dict[str, float]:
     return {"seconds": time.monotonic() - started}
 
 
-class BedApi:
-    """The bed's API server as its admin, in a default namespace: what a person with kubectl does,
-    without a process per call (`kubectl` for the real thing)."""
+class BedApi(Objects):
+    """The bed's API server as its admin, in a default namespace (`Objects`; `kubectl` for the real thing)."""
 
     def __init__(self, plane: ControlPlane, namespace: str):
-        self.plane, self.namespace = plane, namespace
-        self.rest = Rest(plane, plane.tokens[ADMIN])
+        super().__init__(Rest(plane, plane.tokens[ADMIN]), namespace)
+        self.plane = plane
         self.kubeconfig = plane.kubeconfig(f"admin-{namespace}", plane.tokens[ADMIN], namespace)
         self.kubecache_dir = plane.work / "kube-cache"
 
@@ -106,64 +90,6 @@ class BedApi:
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
         return done
-
-    def url(self, resource: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-        resource = ALIASES.get(resource, resource)
-        if resource not in RESOURCES:
-            raise ValueError(f"resource {resource!r} is not one the bed knows: {sorted(RESOURCES)}")
-        prefix, namespaced = RESOURCES[resource]
-        scope = f"/namespaces/{namespace or self.namespace}" if namespaced else ""
-        return (self.plane.server + prefix + scope + f"/{resource}" + (f"/{name}" if name else "")
-                + (f"/{sub}" if sub else ""))
-
-    def create(self, body: Mapping[str, Any], namespace: str | None = None, **params: str) -> Body:
-        namespace = namespace or (body.get("metadata") or {}).get("namespace")
-        return self.rest.call("POST", self.url(_plural(body["kind"]), namespace), body=dict(body),
-                              params=params or None) or {}
-
-    def get(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
-        return self.rest.call("GET", self.url(resource, namespace, name))
-
-    def list(self, resource: str, namespace: str | None = None, *, label_selector: str | None = None,
-             field_selector: str | None = None, all_namespaces: bool = False) -> list[Body]:
-        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
-        url = self.url(resource, namespace)
-        if all_namespaces:
-            url = self.plane.server + RESOURCES[ALIASES.get(resource, resource)][0] + \
-                f"/{ALIASES.get(resource, resource)}"
-        return (self.rest.call("GET", url, params=params) or {}).get("items", [])
-
-    def patch(self, resource: str, name: str, patch: Any, namespace: str | None = None, *,
-              subresource: str | None = None, patch_type: str = "merge") -> Body:
-        return self.rest.call("PATCH", self.url(resource, namespace, name, subresource), body=patch,
-                              content_type=PATCH_TYPES[patch_type]) or {}
-
-    def delete(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
-        return self.rest.call("DELETE", self.url(resource, namespace, name))
-
-    def events(self, namespace: str | None = None, involved_name: str | None = None) -> list[Body]:
-        selector = f"involvedObject.name={involved_name}" if involved_name else None
-        return self.list("events", namespace, field_selector=selector)
-
-    def wait_for(self, resource: str, name: str, predicate: Callable[[Body], bool] | None = None,
-                 namespace: str | None = None, timeout: float = 10, interval: float = 0.05) -> Body:
-        deadline = time.monotonic() + timeout
-        while True:
-            obj = self.get(resource, name, namespace)
-            if obj is not None and (predicate is None or predicate(obj)):
-                return obj
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{resource} {name!r} did not reach the expected state in {timeout}s; "
-                                     f"last state: {json.dumps(obj, indent=1)}")
-            time.sleep(interval)
-
-    def wait_for_absent(self, resource: str, name: str, namespace: str | None = None, timeout: float = 10,
-                        interval: float = 0.05) -> None:
-        deadline = time.monotonic() + timeout
-        while (obj := self.get(resource, name, namespace)) is not None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{resource} {name!r} still exists after {timeout}s: {json.dumps(obj)}")
-            time.sleep(interval)
 
 
 class ClaimProvisioner:

@@ -39,17 +39,20 @@ Body = dict[str, Any]
 CHART = REPO / "charts" / "kuberl-operator"
 RELEASE, OPERATOR_NAMESPACE = "kuberl", "kuberl-system"
 
-# resource -> (API prefix, namespaced)
+# resource -> (API prefix, namespaced): what the tests, the beds and the benchmarks read and write.
 RESOURCES: dict[str, tuple[str, bool]] = {
-    "pods": ("/api/v1", True), "services": ("/api/v1", True), "events": ("/api/v1", True),
-    "configmaps": ("/api/v1", True), "secrets": ("/api/v1", True), "serviceaccounts": ("/api/v1", True),
-    "resourcequotas": ("/api/v1", True), "namespaces": ("/api/v1", False), "nodes": ("/api/v1", False),
-    "persistentvolumeclaims": ("/api/v1", True), "persistentvolumes": ("/api/v1", False),
-    "networkpolicies": ("/apis/networking.k8s.io/v1", True), "deployments": ("/apis/apps/v1", True),
+    **{r: ("/api/v1", True) for r in ("pods", "services", "events", "configmaps", "secrets", "serviceaccounts",
+                                      "resourcequotas", "persistentvolumeclaims", "limitranges")},
+    **{r: ("/api/v1", False) for r in ("namespaces", "nodes", "persistentvolumes")},
+    "deployments": ("/apis/apps/v1", True), "replicasets": ("/apis/apps/v1", True),
+    "networkpolicies": ("/apis/networking.k8s.io/v1", True),
+    "roles": ("/apis/rbac.authorization.k8s.io/v1", True),
+    "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", True),
     "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", False),
 }
-ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies"}
+ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies", "deploy": "deployments",
+           "pvc": "persistentvolumeclaims", "po": "pods", "svc": "services", "cm": "configmaps"}
 PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
                "strategic": "application/strategic-merge-patch+json"}
 
@@ -114,6 +117,66 @@ class Rest:
         if answer.status_code >= 300:
             raise ApiError(answer.status_code, payload)
         return payload
+
+
+class Objects:
+    """Objects of the API server through one identity's `Rest`, in a default namespace: what a person with
+    kubectl does, without a process per call. `namespace=None` in a call means the default one."""
+
+    def __init__(self, rest: Rest, namespace: str):
+        self.rest, self.namespace = rest, namespace
+
+    def url(self, resource: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        resource = ALIASES.get(resource, resource)
+        if resource not in RESOURCES:
+            raise ValueError(f"resource {resource!r} is not one the beds know: {sorted(RESOURCES)}")
+        return self.rest.url(resource, namespace or self.namespace, name, sub)
+
+    def create(self, body: Mapping[str, Any], namespace: str | None = None, **params: str) -> Body:
+        namespace = namespace or (body.get("metadata") or {}).get("namespace")
+        return self.rest.call("POST", self.url(_plural(body["kind"]), namespace), body=dict(body),
+                              params=params or None) or {}
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
+        return self.rest.call("GET", self.url(resource, namespace, name))
+
+    def list(self, resource: str, namespace: str | None = None, *, label_selector: str | None = None,
+             field_selector: str | None = None, all_namespaces: bool = False) -> list[Body]:
+        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
+        url = self.rest.url(ALIASES.get(resource, resource), None) if all_namespaces else self.url(resource, namespace)
+        return (self.rest.call("GET", url, params=params) or {}).get("items", [])
+
+    def patch(self, resource: str, name: str, patch: Any, namespace: str | None = None, *,
+              subresource: str | None = None, patch_type: str = "merge") -> Body:
+        return self.rest.call("PATCH", self.url(resource, namespace, name, subresource), body=patch,
+                              content_type=PATCH_TYPES[patch_type]) or {}
+
+    def delete(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
+        return self.rest.call("DELETE", self.url(resource, namespace, name))
+
+    def events(self, namespace: str | None = None, involved_name: str | None = None) -> list[Body]:
+        selector = f"involvedObject.name={involved_name}" if involved_name else None
+        return self.list("events", namespace, field_selector=selector)
+
+    def wait_for(self, resource: str, name: str, predicate: Callable[[Body], bool] | None = None,
+                 namespace: str | None = None, timeout: float = 10, interval: float = 0.05) -> Body:
+        deadline = time.monotonic() + timeout
+        while True:
+            obj = self.get(resource, name, namespace)
+            if obj is not None and (predicate is None or predicate(obj)):
+                return obj
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{resource} {name!r} did not reach the expected state in {timeout}s; "
+                                     f"last state: {json.dumps(obj, indent=1)}")
+            time.sleep(interval)
+
+    def wait_for_absent(self, resource: str, name: str, namespace: str | None = None, timeout: float = 10,
+                        interval: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        while (obj := self.get(resource, name, namespace)) is not None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{resource} {name!r} still exists after {timeout}s: {json.dumps(obj)}")
+            time.sleep(interval)
 
 
 class NodeKubelet:
@@ -249,11 +312,13 @@ class ClusterSession:
 
 
 
-class ClusterNamespace:
-    """One test's namespace on the session's cluster, and the helpers a test uses (module doc)."""
+class ClusterNamespace(Objects):
+    """One test's namespace on the session's cluster, and the helpers a test uses (module doc); its
+    objects as the admin."""
 
     def __init__(self, session: ClusterSession, namespace: str, workdir: Path):
-        self.session, self.plane, self.namespace = session, session.plane, namespace
+        super().__init__(session.admin, namespace)
+        self.session, self.plane = session, session.plane
         self.admin, self.node = session.admin, Rest(session.plane, session.plane.tokens["node"])
         self.workdir = workdir
         self.audit_start = self.plane.audit_offset()
@@ -305,29 +370,7 @@ class ClusterNamespace:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
         return done
 
-    # ---- objects (as the admin) --------------------------------------------------------------------------
-
-    def _ns(self, resource: str, namespace: str | None) -> str | None:
-        return (namespace or self.namespace) if RESOURCES[ALIASES.get(resource, resource)][1] else None
-
-    def create(self, body: Mapping[str, Any], namespace: str | None = None, **params: str) -> Body:
-        resource = _plural(body["kind"])
-        return self.admin.call("POST", self.admin.url(resource, self._ns(resource, namespace)), body=dict(body),
-                               params=params or None) or {}
-
-    def get(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
-        return self.admin.call("GET", self.admin.url(resource, self._ns(resource, namespace), name))
-
-    def list(self, resource: str, namespace: str | None = None, *, label_selector: str | None = None,
-             field_selector: str | None = None) -> list[Body]:
-        params = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
-        found = self.admin.call("GET", self.admin.url(resource, self._ns(resource, namespace)), params=params) or {}
-        return found.get("items", [])
-
-    def patch(self, resource: str, name: str, patch: Any, namespace: str | None = None, *,
-              subresource: str | None = None, patch_type: str = "merge") -> Body:
-        url = self.admin.url(resource, self._ns(resource, namespace), name, subresource)
-        return self.admin.call("PATCH", url, body=patch, content_type=PATCH_TYPES[patch_type]) or {}
+    # ---- objects (as the admin; the rest in Objects) ------------------------------------------------------
 
     def patch_status(self, resource: str, name: str, status: Mapping[str, Any], namespace: str | None = None) -> Body:
         if ALIASES.get(resource, resource) == "pods":  # a pod's status is its kubelet's to write
@@ -337,13 +380,6 @@ class ClusterNamespace:
                                   content_type=PATCH_TYPES["strategic"]) or {}
         return self.patch(resource, name, {"status": status}, namespace, subresource="status")
 
-    def delete(self, resource: str, name: str, namespace: str | None = None) -> Body | None:
-        return self.admin.call("DELETE", self.admin.url(resource, self._ns(resource, namespace), name))
-
-    def events(self, namespace: str | None = None, involved_name: str | None = None) -> list[Body]:
-        selector = f"involvedObject.name={involved_name}" if involved_name else None
-        return self.list("events", namespace, field_selector=selector)
-
     def set_pod_phase(self, namespace: str | None, name: str, phase: str, **how: Any) -> Body:
         """Write a pod's status as its kubelet would (`kubelet_pod_status`), with the node's identity."""
         # The node may write only the pods bound to it: wait for the scheduler.
@@ -352,28 +388,6 @@ class ClusterNamespace:
         url = self.node.url("pods", pod["metadata"]["namespace"], name, "status")
         # A merge patch replaces the lists whole, as a kubelet's status update does.
         return self.node.call("PATCH", url, body={"status": status}, content_type=PATCH_TYPES["merge"]) or {}
-
-    # ---- waiting -----------------------------------------------------------------------------------------
-
-    def wait_for(self, resource: str, name: str, predicate: Callable[[Body], bool] | None = None,
-                 namespace: str | None = None, timeout: float = 10, interval: float = 0.05) -> Body:
-        deadline = time.monotonic() + timeout
-        while True:
-            obj = self.get(resource, name, namespace)
-            if obj is not None and (predicate is None or predicate(obj)):
-                return obj
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{resource} {name!r} did not reach the expected state in {timeout}s; "
-                                     f"last state: {json.dumps(obj, indent=1)}")
-            time.sleep(interval)
-
-    def wait_for_absent(self, resource: str, name: str, namespace: str | None = None, timeout: float = 10,
-                        interval: float = 0.05) -> None:
-        deadline = time.monotonic() + timeout
-        while (obj := self.get(resource, name, namespace)) is not None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{resource} {name!r} still exists after {timeout}s: {json.dumps(obj)}")
-            time.sleep(interval)
 
     # ---- the audit log -----------------------------------------------------------------------------------
 
