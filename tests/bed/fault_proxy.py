@@ -1,5 +1,6 @@
 """
-Faults the real API server does not produce on demand (a 500, a slow answer, a dropped watch), from
+Faults the real API server does not produce on demand (a 500, a slow answer, a dropped watch, a watch
+whose resourceVersion has expired), from
 an HTTPS proxy in front of it: every request goes through to the server unchanged, except those a rule
 matches.
 
@@ -14,6 +15,7 @@ the cluster's CA and keep their tokens: only the address in their kubeconfig cha
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import ssl
 import threading
@@ -44,6 +46,8 @@ class Rule:
     status: int | None = None       # answer this instead of forwarding
     delay: float = 0.0              # forward after this many seconds
     drop: bool = False              # forward, then cut the connection after the response's headers
+    expire: bool = False            # answer a watch with the server's 410 Expired event, forward nothing
+    release: threading.Event | None = None  # hold the answer until the test sets this
     times: int | None = 1
     hits: int = 0
 
@@ -89,6 +93,13 @@ class FaultProxy:
         """Cut the connection once the server's answer began (by default: a watch, mid-stream)."""
         return self.add(Rule(method, path, query, drop=True, times=times))
 
+    def expire(self, method: str, path: str, times: int | None = 1, query: str | None = "watch=",
+               release: threading.Event | None = None) -> Rule:
+        """Answer a watch as the server does when its resourceVersion is older than the server keeps (etcd
+        compacted it): one ERROR event with a 410 Expired Status, then the end of the stream. With
+        `release`, the answer waits until the test sets it (what happens meanwhile, this watch misses)."""
+        return self.add(Rule(method, path, query, expire=True, times=times, release=release))
+
     def _take(self, request: web.Request) -> Rule | None:
         with self._lock:
             for rule in self.rules:
@@ -117,6 +128,18 @@ class FaultProxy:
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": rule.status,
                 "reason": "InternalError" if rule.status >= 500 else "BadRequest",
                 "message": f"injected by the test's fault proxy: {request.method} {request.path}"})
+        if rule is not None and rule.release is not None:
+            await asyncio.to_thread(rule.release.wait)
+        if rule is not None and rule.expire:
+            version = request.query.get("resourceVersion", "0")
+            event = {"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Expired",
+                "code": 410, "message": f"too old resource version: {version} (injected by the test's fault proxy)"}}
+            response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+            await response.prepare(request)
+            await response.write(json.dumps(event).encode() + b"\n")
+            await response.write_eof()
+            return response
         if rule is not None and rule.delay:
             await asyncio.sleep(rule.delay)
         assert self._session is not None

@@ -1,10 +1,13 @@
 """The operator under API server faults the real server does not produce on demand: a 500 on create, a
-slow answer, a watch cut mid-stream. The operator talks to the session's real control plane through a
+slow answer, a watch cut mid-stream, a watch
+whose resourceVersion expired (410 Gone). The operator talks to the session's real control plane through a
 fault proxy (tests/bed/fault_proxy.py) that injects them; everything else is the real server's answer.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import kubernetes
@@ -79,3 +82,22 @@ def test_a_watch_cut_mid_stream_and_a_slow_answer_lose_no_job(kube, proxy, job_d
             kube.set_pod_phase(None, name, "Running")
         kube.wait_for("rltj", JOB, lambda job: (job.get("status") or {}).get("phase") == "Running", timeout=WAIT)
     assert cut.hits == 2 and slow.hits >= 1
+
+
+def test_an_expired_watch_is_listed_again_and_misses_no_job(kube, proxy, job_dict):
+    """The operator's watch of the jobs answers 410 Expired (etcd compacted the resourceVersion it resumes
+    from), and while that watch hung a job was created: the operator lists again and builds the job."""
+    release = threading.Event()
+    expired = proxy.expire("GET", r"/apis/kuberl\.dev/v1alpha1/namespaces/[^/]+/rltrainingjobs", release=release)
+    job_dict["spec"]["rolloutWorkers"]["replicas"] = 1
+    with run_operator(kube, proxy, OperatorMetrics()):
+        deadline = time.monotonic() + WAIT
+        while expired.hits == 0:  # the operator's first watch is held by the proxy
+            assert time.monotonic() < deadline, "the operator never watched the jobs"
+            time.sleep(0.05)
+        kube.create(job_dict)
+        release.set()
+        for name in (f"{JOB}-head", f"{JOB}-learner", f"{JOB}-worker-0"):
+            kube.set_pod_phase(None, name, "Running")
+        kube.wait_for("rltj", JOB, lambda job: (job.get("status") or {}).get("phase") == "Running", timeout=WAIT)
+    assert expired.hits == 1

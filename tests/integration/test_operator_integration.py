@@ -460,6 +460,22 @@ def test_restarted_operator_creates_no_duplicates_and_carries_on(cluster, start_
         assert uids(pods(cluster)) == before
 
 
+def test_a_status_another_writer_overwrites_is_written_again(cluster, operator, job_dict):
+    """Another client writes the job's status (a second operator, a script with kubectl): the operator's
+    merge patches carry no resourceVersion, so it gets no 409 to retry; it sees the foreign status in its
+    watch and writes what it knows again, without a pod of the job changing."""
+    start_running(cluster, job_manifest(job_dict, replicas=1), 1)
+    before = uids(pods(cluster))
+    true_status = status(cluster)
+    cluster.patch_status("rltj", JOB, {"phase": "Failed", "reason": "BackoffLimitExceeded",
+                                       "message": "written by another client", "workersReady": 0})
+    restored = wait_until(lambda: (st := status(cluster)).get("phase") == "Running"
+                          and st.get("message") is None and st, what="the operator's status again")
+    assert restored["workersReady"] == true_status["workersReady"] and "reason" not in restored, restored
+    assert uids(pods(cluster)) == before
+    assert "Failed" in phases_seen(cluster)  # the foreign write happened, and was overwritten
+
+
 def test_the_operator_uses_every_permission_the_chart_grants_and_no_other(cluster, operator, job_dict):
     """RBAC is what the operator uses: one job through what a job can go through (created, a worker replaced,
     finished, deleted by its TTL) and one served after training; the audit log's requests of the operator's
@@ -657,12 +673,15 @@ def children(cluster: ClusterNamespace) -> list[str]:
             for obj in cluster.list(resource, label_selector=selector)]
 
 
+#: A template mistake only the API server knows: a toleration effect that does not exist.
+BAD_TOLERATION = {"spec": {"tolerations": [{"key": "pool", "operator": "Exists", "effect": "Sometimes"}]}}
+
+
 def test_a_child_the_api_server_refuses_fails_the_job_as_invalid_spec_and_nothing_of_it_exists(cluster, operator,
                                                                                                   job_dict):
     """A template mistake only the API server knows (a toleration effect that does not exist): the server's
     dry run refuses it before the first object of the job is written, and its message reaches the status."""
-    job_dict["spec"]["rolloutWorkers"]["template"] = {
-        "spec": {"tolerations": [{"key": "pool", "operator": "Exists", "effect": "Sometimes"}]}}
+    job_dict["spec"]["rolloutWorkers"]["template"] = BAD_TOLERATION
     cluster.create(job_manifest(job_dict, replicas=1), namespace=cluster.namespace)
     st = wait_phase(cluster, "Failed")
     assert st["reason"] == "InvalidSpec" and "the API server refused" in st["message"], st
@@ -670,6 +689,54 @@ def test_a_child_the_api_server_refuses_fails_the_job_as_invalid_spec_and_nothin
     wait_passes(operator, 2)
     assert [e["requestURI"] for e in made(cluster, "create") if e["objectRef"]["resource"] != "events"] == []
     assert children(cluster) == []
+
+
+def test_a_running_job_keeps_its_pods_when_the_server_refuses_its_scale_up(cluster, operator, job_dict):
+    """A change the server refuses (a scale-up whose new pods carry a template mistake only the server knows)
+    does not fail a running job: its pods keep training, a ChangeRefused condition and an Event say why, the
+    tries back off, and once the spec is fixed the new pods come."""
+    start_running(cluster, job_manifest(job_dict, replicas=1), 1)
+    before = uids(pods(cluster))
+    cluster.patch("rltj", JOB, {"spec": {"rolloutWorkers": {"replicas": 3, "template": BAD_TOLERATION}}})
+    held = wait_until(lambda: (c := condition(cluster, "ChangeRefused")).get("status") == "True" and c,
+                      what="ChangeRefused True")
+    assert held["reason"] == "Invalid" and "Sometimes" in held["message"], held
+    assert "keeps the pods it has" in held["message"] and "(try 1; next in" in held["message"], held
+    assert uids(pods(cluster)) == before
+    assert status(cluster)["phase"] == "Running"
+    assert "FailedCreate" in event_reasons(cluster)
+
+    cluster.patch("rltj", JOB, {"spec": {"rolloutWorkers": {"template": None}}})
+    wait_pods(cluster, {HEAD, LEARNER, *(worker(i) for i in range(3))})
+    cleared = wait_until(lambda: (c := condition(cluster, "ChangeRefused")).get("status") == "False" and c,
+                         what="ChangeRefused False")
+    assert cleared["reason"] == "Created"
+    after = uids(pods(cluster))
+    assert all(after[name] == uid for name, uid in before.items()), (before, after)
+    assert "Failed" not in phases_seen(cluster)
+    # Only the fixed pods were ever written: every refused try stopped in its dry run.
+    created = [e["objectRef"]["name"] for e in made(cluster, "create", "pods") if e["responseStatus"]["code"] == 201]
+    assert sorted(created) == sorted([HEAD, LEARNER, *(worker(i) for i in range(3))]), created
+
+
+def test_a_pod_that_pod_security_refuses_fails_a_new_job_as_invalid_spec(cluster, start_operator, job_dict):
+    """The platform team allowed privileged pods in the namespace (so the operator's own check lets the
+    template through) but the namespace enforces restricted: Pod Security admission's 403 is the spec's
+    fault, not something to wait out: InvalidSpec, the server's words, and nothing of the job exists."""
+    from kuberl.api.tenancy import Allowance, Tenancy
+
+    job_dict["spec"]["rolloutWorkers"]["template"] = {"spec": {"containers": [
+        {"name": "miner", "image": "busybox",
+         "securityContext": {"privileged": True, "allowPrivilegeEscalation": True}}]}}
+    tenancy = Tenancy(namespaces={cluster.namespace: Allowance(pod_security="privileged")})
+    with start_operator(tenancy=tenancy) as running:
+        cluster.create(job_manifest(job_dict, replicas=1), namespace=cluster.namespace)
+        st = wait_phase(cluster, "Failed")
+        assert st["reason"] == "InvalidSpec" and "violates PodSecurity" in st["message"], st
+        assert "privileged" in st["message"], st
+        wait_passes(running, 2)
+    assert children(cluster) == []
+    assert [e for e in made(cluster, "create") if e["objectRef"]["resource"] != "events"] == []
 
 
 @pytest.mark.parametrize("template, field", [

@@ -9,6 +9,7 @@ catches API errors, counts them, and tries again after a short backoff.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -34,9 +35,19 @@ from kuberl.operator.names import Component
 from kuberl.operator.pods import PodView
 from kuberl.operator.runtime import ApiError, OperatorConfig, Runtime
 
+#: Status writes of a job remembered, so that the watch's echo of an earlier one is not taken for another
+#: writer's.
+RECENT_WRITES = 4
 QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements
-#: The job's condition while the API server refuses its creates with 403; False once they go through.
+#: The job's condition while the API server refuses its creates with 403 (a ResourceQuota, a LimitRange);
+#: False once they go through.
 CREATE_FORBIDDEN = "CreateForbidden"
+#: A started job's condition while the API server refuses what a change needs (the pods of a scale-up or of a
+#: restart, as the spec now asks for them): the pods it has keep training; False once the creates go through.
+CHANGE_REFUSED = "ChangeRefused"
+#: The text of Pod Security admission's 403: the pod as specified can never be admitted in this namespace,
+#: so it is the spec's fault, as a 422 is, not something to wait out.
+POD_SECURITY_REFUSAL = "violates PodSecurity"
 #: The longest wait between tries while creates are forbidden (Kubernetes' Job controller waits up to 6 min).
 FORBIDDEN_BACKOFF_MAX_S = 300.0
 
@@ -125,9 +136,9 @@ class Applied:
 
     #: Pods that exist now among those the pass meant to create.
     created: set[str] = dataclasses.field(default_factory=set)
-    #: What the API server refused as invalid (422): the job's spec is at fault.
+    #: What the API server refused as invalid (422, or Pod Security admission's 403): the spec is at fault.
     refused: str | None = None
-    #: What it refused as forbidden (403: a quota, Pod Security admission): the namespace is at fault.
+    #: What it refused as forbidden (any other 403: a quota, a LimitRange): the namespace is at fault, for now.
     forbidden: str | None = None
     #: The first unexpected error (after doing the rest).
     error: Exception | None = None
@@ -192,7 +203,8 @@ class ChildWriter:
                 # Create-if-absent: it exists (a restarted operator, or a quick second pass). The Ray token
                 # Secret that exists keeps its token: the operator never reads it.
                 created = True
-            elif isinstance(result, ApiError) and result.status == 422:
+            elif isinstance(result, ApiError) and (result.status == 422 or (
+                    result.status == 403 and POD_SECURITY_REFUSAL in result.message)):
                 out.refused, created = out.refused or f"{what}: {result.message}", False
             elif isinstance(result, ApiError) and result.status == 403:
                 out.forbidden, created = out.forbidden or f"{what}: {result.message}", False
@@ -210,29 +222,51 @@ def _component(manifest: dict[str, Any]) -> str:
     return manifest["metadata"]["labels"][names.COMPONENT_LABEL]
 
 
-class ForbiddenCreates:
-    """A 403 on create is the namespace's doing (a quota, Pod Security admission), not the spec's: the job
-    keeps what it has, says why in a condition and an Event, and backs off until it may create."""
+class HeldCreates:
+    """Creates the API server refused while the job keeps what it has, says why in a condition and an Event,
+    and backs off until the server takes them: a 403 of the namespace's (a quota, a LimitRange) for any job;
+    and, for a job that has started, any refusal of what a change needs (a scale-up's or a restart's pods
+    under a spec the server now refuses): its running pods are worth more than failing it. A job that has
+    not started fails as InvalidSpec instead (`JobLoop`), with nothing of it written."""
 
     def __init__(self, config: OperatorConfig):
         self.config = config
-        #: Passes in a row whose creates the API server refused with 403.
+        #: Passes in a row whose creates the API server refused.
         self.passes = 0
 
-    def note(self, status: Any, body: kopf.Body, applied: Applied, plan: Plan) -> None:
+    def note(self, status: Any, body: kopf.Body, applied: Applied, plan: Plan, *, started: bool) -> bool:
+        """Record this pass's refusal, if the job waits it out; True when it does."""
         generation = body["metadata"].get("generation")
+        held = None
         if applied.forbidden is not None:
-            if self.passes == 0 or job_status.get_condition(status, CREATE_FORBIDDEN) is None:
-                kopf.warn(body, reason="FailedCreate", message=applied.forbidden)
+            held = (CREATE_FORBIDDEN, "Forbidden", applied.forbidden)
+        elif applied.refused is not None and started:
+            held = (CHANGE_REFUSED, "Invalid", f"{applied.refused}; the job keeps the pods it has: "
+                                               "fix the spec and apply it again")
+        if held is not None:
+            type_, reason, message = held
+            condition = job_status.get_condition(status, type_)
+            if self.passes == 0 or condition is None or condition.status != "True":
+                kopf.warn(body, reason="FailedCreate", message=message)
             self.passes += 1
             retry = forbidden_backoff(self.config, self.passes)
-            job_status.set_condition(status, CREATE_FORBIDDEN, True, "Forbidden",
-                                     f"{applied.forbidden} (try {self.passes}; next in {retry:.1f} s)",
+            job_status.set_condition(status, type_, True, reason,
+                                     f"{message} (try {self.passes}; next in {retry:.1f} s)",
                                      at=job_status.now(), generation=generation)
-        elif plan.create and applied.clean and self.passes:
+            return True
+        if self.passes and applied.clean and (plan.create or self._outdated(status, generation)):
+            # The creates went through, or the spec changed so that nothing is left to create.
             self.passes = 0
-            job_status.set_condition(status, CREATE_FORBIDDEN, False, "Created", "", at=job_status.now(),
-                                     generation=generation)
+            for type_ in (CREATE_FORBIDDEN, CHANGE_REFUSED):
+                if (condition := job_status.get_condition(status, type_)) is not None and condition.status == "True":
+                    job_status.set_condition(status, type_, False, "Created", "", at=job_status.now(),
+                                             generation=generation)
+        return False
+
+    @staticmethod
+    def _outdated(status: Any, generation: int | None) -> bool:
+        return any(c.status == "True" and c.observed_generation != generation for c in status.conditions
+                   if c.type in (CREATE_FORBIDDEN, CHANGE_REFUSED))
 
 
 class JobLoop:
@@ -250,7 +284,7 @@ class JobLoop:
         self.progress = ProgressReader(runtime, self.name, logger)
         self.children = ChildWriter(runtime, body)
         self.failures = 0
-        self.forbidden = ForbiddenCreates(runtime.config)
+        self.held = HeldCreates(runtime.config)
         self.api_invalid: str | None = None
         #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
         self.deleted: set[str] = set()
@@ -290,6 +324,7 @@ class JobLoop:
             if self.runtime.pokes.get(self.key) is poke:
                 del self.runtime.pokes[self.key]
             self.runtime.seen_specs.pop(self.key, None)
+            self.runtime.written_statuses.pop(self.key, None)
             self.runtime.metrics.job_phase(self.uid or self.name, None)
 
     async def reconcile_once(self) -> float:
@@ -337,10 +372,12 @@ class JobLoop:
         before = Phase(self.status.phase)
         self.status = plan.status
         applied = await self.children.apply(plan, job)
-        self.api_invalid = applied.refused or self.api_invalid
+        # A job that has created pods before (running, restarting, resuming) keeps them through a refusal.
+        started = before not in (Phase.PENDING, Phase.FAILED)
+        if not self.held.note(self.status, self.body, applied, plan, started=started):
+            self.api_invalid = applied.refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
         self.deleted -= applied.created
-        self.forbidden.note(self.status, self.body, applied, plan)
         await self._write_status()
         post_events(self.body, plan, self.logger)
         count(self.runtime, self.uid or self.name, plan, before)
@@ -351,8 +388,8 @@ class JobLoop:
             return self.runtime.config.idle_interval
         if applied.error is not None:
             raise applied.error
-        if self.forbidden.passes:
-            return forbidden_backoff(self.runtime.config, self.forbidden.passes)
+        if self.held.passes:
+            return forbidden_backoff(self.runtime.config, self.held.passes)
         return self._next_wait(plan, job, pods)
 
 
@@ -364,11 +401,22 @@ class JobLoop:
         return self._parsed[1], self._parsed[2]
 
     async def _write_status(self) -> None:
+        """Write the status when it changed, or when another writer overwrote it: the status is the
+        operator's record of the job, and the writes are merge patches with no resourceVersion, so a
+        concurrent writer never makes one fail (409) but can replace what it says."""
         new = job_status.dump(self.status)
-        if new == self.written:
+        recent = self.runtime.written_statuses.setdefault(self.key, collections.deque(maxlen=RECENT_WRITES))
+        if new == self.written and not self._overwritten(recent):
             return
         await self.runtime.kube.patch_job_status(self.namespace, self.name, new)
         self.written = new
+        recent.append(job_status.stored(new))
+
+    def _overwritten(self, recent: collections.deque[dict[str, Any]]) -> bool:
+        """The job's status as last seen (kopf keeps the body current) is no write of this loop's."""
+        live = self.body.get("status")
+        return bool(live) and self.written is not None and live not in recent and live != job_status.stored(
+            self.written)
 
     def _next_wait(self, plan: Plan, job: RLTrainingJob | None, pods: list[PodView]) -> float:
         config = self.runtime.config
@@ -416,10 +464,14 @@ async def reconcile_job(body: kopf.Body, stopped: kopf.DaemonStopped, memo: kopf
 
 
 async def job_changed(body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """Wake the job's loop when its spec changed or it is being deleted (its own status writes do not)."""
+    """Wake the job's loop when its spec changed, it is being deleted, or another writer changed its status
+    (the loop's own status writes do not)."""
     runtime: Runtime = memo.runtime
     seen = runtime.seen_specs.get((namespace, name))
-    if body["metadata"].get("deletionTimestamp") or json.dumps(body.get("spec"), sort_keys=True) != seen:
+    recent = runtime.written_statuses.get((namespace, name))
+    overwritten = bool(recent) and body.get("status") not in recent
+    if (body["metadata"].get("deletionTimestamp") or json.dumps(body.get("spec"), sort_keys=True) != seen
+            or overwritten):
         runtime.poke(namespace, name)
 
 

@@ -7,6 +7,7 @@ package's synchronous client on a small thread pool, so the event loop never blo
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -189,6 +190,9 @@ class Runtime:
         self.pokes: dict[tuple[str, str], asyncio.Event] = {}
         #: The spec each job's loop last acted on (job events poke only when it changed).
         self.seen_specs: dict[tuple[str, str], str] = {}
+        #: Each job's last few status writes as the API stores them (nulls dropped): a job event whose status
+        #: is none of them is another writer's, which the job's loop overwrites with what it knows.
+        self.written_statuses: dict[tuple[str, str], collections.deque[dict[str, Any]]] = {}
         self.http: aiohttp.ClientSession | None = None
         #: Background tasks of the operator (the event-loop watch), cancelled on close.
         self.tasks: set[asyncio.Future] = set()

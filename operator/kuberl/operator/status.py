@@ -57,6 +57,17 @@ def dump(status: RLTrainingJobStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True)
 
 
+def stored(dumped: dict[str, Any]) -> dict[str, Any]:
+    """A dumped status as the API server holds it after the merge patch: a null clears its field."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return strip(dumped)
+
+
 def load(raw: dict[str, Any] | None) -> RLTrainingJobStatus:
     return RLTrainingJobStatus.model_validate(raw or {})
 
