@@ -335,14 +335,17 @@ def _label(value: float) -> str:
 
 
 def learning_curve_svg(points: list[tuple[float, float]], target: float | None, title: str, xlabel: str,
-                       ylabel: str, width: int = 700, height: int = 400) -> str:
+                       ylabel: str, width: int = 700, height: int = 400,
+                       band: list[tuple[float, float, float]] | None = None) -> str:
     """The learning curve as a standalone SVG: mean return over env steps, the target as a dashed
-    line, axes with round ticks. Plain text, no plotting library: it is written while the workers
-    evaluate, and matplotlib's import alone takes longer than the evaluation."""
+    line, axes with round ticks; with `band` ((x, low, high) points), an interval shaded around it (a
+    sweep's configuration over its seeds). Plain text, no plotting library: it is written while the
+    workers evaluate, and matplotlib's import alone takes longer than the evaluation."""
+    band = band or []
     left, right, top, bottom = 70, 20, 40, 50
     pw, ph = width - left - right, height - top - bottom
-    xs = [p[0] for p in points] or [0.0, 1.0]
-    ys = [p[1] for p in points] + ([target] if target is not None else [])
+    xs = [p[0] for p in points] + [b[0] for b in band] or [0.0, 1.0]
+    ys = [p[1] for p in points] + [y for b in band for y in b[1:]] + ([target] if target is not None else [])
     ys = ys or [0.0, 1.0]
     x0, x1 = min(0.0, min(xs)), max(xs)
     y0, y1 = min(ys), max(ys)
@@ -378,6 +381,10 @@ def learning_curve_svg(points: list[tuple[float, float]], target: float | None, 
                    f'stroke="#d62728" stroke-dasharray="6 4"/>')
         out.append(f'<text x="{left + pw - 4}" y="{sy(target) - 5:.1f}" text-anchor="end" fill="#d62728">'
                    f'target {target:g}</text>')
+    if band:
+        upper = " ".join(f"{sx(x):.1f},{sy(hi):.1f}" for x, _, hi in band)
+        lower = " ".join(f"{sx(x):.1f},{sy(lo):.1f}" for x, lo, _ in reversed(band))
+        out.append(f'<polygon points="{upper} {lower}" fill="#1f77b4" fill-opacity="0.2" stroke="none"/>')
     if points:
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
         out.append(f'<polyline points="{path}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')

@@ -9,14 +9,13 @@ import dataclasses
 import json
 import math
 import sys
-from html import escape
 from pathlib import Path
 from typing import Any, Protocol
 
 from kuberl.api.sweep import Metric, RLSweep
 from kuberl.sweep.engine import RUNNING, SweepEngine, TrialInfo
 from kuberl.sweep.statistics import Band, Ranked, curve_band, rank
-from kuberl.trainer.report import _label, _readable, _ticks
+from kuberl.trainer.report import _readable, learning_curve_svg
 
 #: Most trials the live table lists: those running, then the latest finished.
 LIVE_ROWS = 30
@@ -202,42 +201,9 @@ def _curve(path: Path) -> list[tuple[float, float]]:
     return [(float(r["env_steps"]), float(r["mean_return"])) for r in rows if r.get("mean_return") is not None]
 
 
-def band_svg(band: Band, title: str, runs: int, width: int = 700, height: int = 400) -> str:
-    """Mean return over env steps with its interval as a shaded band, as a standalone SVG (the same plain
-    SVG as a run's learning_curve.svg: no plotting library to import)."""
-    left, right, top, bottom = 70, 20, 40, 50
-    pw, ph = width - left - right, height - top - bottom
-    ys = [y for y in band.mean + band.low + band.high if not math.isnan(y)] or [0.0, 1.0]
-    x0, x1 = min([0.0, *band.steps]), max(band.steps or [1.0])
-    y0, y1 = min(ys), max(ys)
-    x1 = x1 if x1 > x0 else x0 + 1.0
-    y0, y1 = (y0, y1) if y1 > y0 else (y0 - 1.0, y1 + 1.0)
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * pw
-
-    def sy(y: float) -> float:
-        return top + (y1 - y) / (y1 - y0) * ph
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-           f'font-size="12"><rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2:.1f}" y="22" text-anchor="middle" font-size="13">{escape(title)}</text>']
-    for x in _ticks(x0, x1):
-        out.append(f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{_label(x)}</text>')
-    for y in _ticks(y0, y1):
-        out.append(f'<line x1="{left}" y1="{sy(y):.1f}" x2="{left + pw}" y2="{sy(y):.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{_label(y)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
-    out.append(f'<text x="{left + pw / 2:.1f}" y="{height - 12}" text-anchor="middle">environment steps</text>')
-    out.append(f'<text transform="translate(16 {top + ph / 2:.1f}) rotate(-90)" text-anchor="middle">mean return '
-               f'over {runs} run(s), 95% CI band</text>')
-    with_band = [(x, lo, hi) for x, lo, hi in zip(band.steps, band.low, band.high, strict=True) if not math.isnan(lo)]
-    if with_band:
-        upper = " ".join(f"{sx(x):.1f},{sy(hi):.1f}" for x, _, hi in with_band)
-        lower = " ".join(f"{sx(x):.1f},{sy(lo):.1f}" for x, lo, _ in reversed(with_band))
-        out.append(f'<polygon points="{upper} {lower}" fill="#1f77b4" fill-opacity="0.2" stroke="none"/>')
-    if band.steps:
-        line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(band.steps, band.mean, strict=True))
-        out.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+def band_svg(band: Band, title: str, runs: int) -> str:
+    """A configuration's mean return over env steps with its 95% interval as a shaded band."""
+    points = [(x, y) for x, y in zip(band.steps, band.mean, strict=True) if not math.isnan(y)]
+    shaded = [(x, lo, hi) for x, lo, hi in zip(band.steps, band.low, band.high, strict=True) if not math.isnan(lo)]
+    return learning_curve_svg(points, None, title, "environment steps",
+                              f"mean return over {runs} run(s), 95% CI band", band=shaded)
