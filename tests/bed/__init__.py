@@ -14,7 +14,8 @@ The test bed: a Kubernetes cluster on a machine that has none (ARCHITECTURE.md, 
   serves their logs on the Node's kubelet port (`kubectl logs` through the API server).
 - `cluster_bed`: the whole one-node cluster for end-to-end tests and benchmarks: a control plane of its
   own listening on a podman network's gateway, the node agent, the chart installed with helm (the
-  operator as its Deployment, with its ServiceAccount token), and on request Prometheus scraping it.
+  operator as its Deployment, with its ServiceAccount token), and on request Prometheus scraping it
+  and Kueue (`kueue`: Kueue's own controller and webhooks, built by scripts/build-kueue) queueing it.
 
 Modules of tests/ that are not stand-ins stay there and are shared with other tests: `tools` (the
 helm and Prometheus binaries the bed deploys and scrapes with, also used by the chart and dashboard

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from .control_plane import ADMIN, ControlPlane
+from .kueue import Kueue
 from .node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
 from .real_cluster import ApiError, Objects, Rest
 
@@ -140,11 +141,12 @@ class ClaimProvisioner:
 
 class OneNodeCluster:
     """The bed: see the module docstring. Use as a context manager. `operator=False`: no CRD, no chart,
-    no operator (a cluster and its node only)."""
+    no operator (a cluster and its node only). `kueue=True`: Kueue's controller and webhooks
+    (`kueue.Kueue`), managing the bed's namespaces."""
 
     def __init__(self, workdir: pathlib.Path, *, namespaces: tuple[str, ...] = ("default",),
                  helm_values: Mapping[str, str] | None = None, prometheus: bool = False,
-                 operator: bool = True, restart_backoff: tuple[float, ...] | None = None):
+                 operator: bool = True, restart_backoff: tuple[float, ...] | None = None, kueue: bool = False):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.id = secrets.token_hex(3)
@@ -154,6 +156,7 @@ class OneNodeCluster:
                             **(helm_values or {})}
         self.want_prometheus = prometheus
         self.want_operator = operator
+        self.want_kueue = kueue
         self.restart_backoff = restart_backoff
         self.network = f"kuberl-bed-{self.id}"
         self.anchor = f"kuberl-bed-{self.id}-gateway"
@@ -206,6 +209,9 @@ class OneNodeCluster:
         self._stack.callback(self.provisioner.stop)
         for namespace in self.namespaces:
             self.create_namespace(namespace)
+        if self.want_kueue:
+            self.kueue = self._stack.enter_context(Kueue(self.plane, self.cluster, self.workdir / "kueue",
+                                                         self.namespaces))
         self.timings["bed_seconds"] = time.monotonic() - t0
         if self.want_operator:
             self.install_chart()

@@ -17,9 +17,10 @@ their pods, rewritten in place as pods come and go (there is no DNS server here)
 It writes status through `pods/status` the way a kubelet does (phase, podIP, hostIP, conditions with
 Ready from the readiness probes, containerStatuses and initContainerStatuses with state, exit code,
 reason and restartCount, a termination message from the log for `FallbackToLogsOnError`), honours
-restartPolicy, stops containers on Pod deletion (SIGTERM, then SIGKILL after the grace period) and
-then deletes the Pod for good (grace 0, its uid as precondition), and serves container logs on the
-Node's kubelet port (`KubeletServer`) so `kubectl logs` works through the API server.
+restartPolicy, stops containers on Pod deletion (SIGTERM, then SIGKILL after the grace period), writes
+the Pod's terminal phase and then deletes it for good (grace 0, its uid as precondition), and serves
+container logs on the Node's kubelet port (`KubeletServer`) so `kubectl logs` works through the API
+server.
 
 Like a kubelet, it keeps a container whose image is not in podman's store waiting (ErrImagePull, then
 ImagePullBackOff: there is no registry here, so a missing local image is the pull error) and one whose
@@ -672,6 +673,22 @@ class PodRunner:
             self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
                                  {"status": self.status()})
 
+    def end_deleted(self) -> None:
+        """A deleted pod's terminal phase, which a kubelet writes (since Kubernetes 1.27) once its
+        containers stopped and before the final delete: Succeeded when every container exited 0, else
+        Failed. A controller that keeps a finalizer on the pod (Kueue) reads from it that the pod is over."""
+        if self.phase in ("Succeeded", "Failed"):
+            return
+        codes = [(state.state.get("terminated") or {}).get("exitCode") for state in self.containers.values()]
+        self.phase = "Succeeded" if codes and all(code == 0 for code in codes) else "Failed"
+        with self._status_lock:
+            try:  # the uid: never a new pod of the same name
+                self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
+                                     {"metadata": {"uid": self.uid}, "status": self.status()})
+            except urllib.error.HTTPError as exc:
+                if exc.code != 409:
+                    raise
+
     # ---- the end -----------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -855,6 +872,7 @@ class NodeAgent:
         with self._lock:
             self.pods.pop(runner.uid, None)
         try:
+            runner.end_deleted()
             self.refresh_hosts(runner.ns)
             # The kubelet's last word: the containers are gone, so is the pod.
             self.api.delete(f"/api/v1/namespaces/{runner.ns}/pods/{runner.name}", grace=0, uid=runner.uid)

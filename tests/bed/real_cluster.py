@@ -50,6 +50,8 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", True),
     "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", False),
+    **{r: ("/apis/kueue.x-k8s.io/v1beta2", True) for r in ("workloads", "localqueues")},
+    **{r: ("/apis/kueue.x-k8s.io/v1beta2", False) for r in ("clusterqueues", "resourceflavors")},
 }
 ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies", "deploy": "deployments",
            "pvc": "persistentvolumeclaims", "po": "pods", "svc": "services", "cm": "configmaps"}

@@ -345,7 +345,7 @@ def test_a_spec_only_the_learner_can_check_fails_as_invalid_spec_with_validates_
     delete_and_check_nothing_left(bed, "tenant-code")
 
 
-# -- Kueue gang admission, and a job that cannot start says why ------------------
+# -- A job that cannot start says why ----------------------------------------------
 
 
 def job_pods(bed: OneNodeCluster, job: str) -> list[dict]:
@@ -358,36 +358,6 @@ def job_events(bed: OneNodeCluster, job: str) -> list[dict]:
 
 def phase_is(*phases: str):
     return lambda obj: (obj.get("status") or {}).get("phase") in phases
-
-
-def test_a_queued_job_waits_gated_until_kueue_admits_its_pod_group_then_trains(bed):
-    """Kueue cannot run here: the node agent holds gated pods as the scheduler does, and the test lifts the
-    gate from every pod, as Kueue does when the ClusterQueue has quota for the whole group."""
-    job = example("cartpole-ppo.yaml", **{"queueName": "team-a", "rolloutWorkers.replicas": 1,
-                                          "startupDeadlineSeconds": 300,
-                                          "stopping": {"targetReturn": 60, "maxEnvSteps": 20_000},
-                                          "evaluation": {"episodes": 10}})
-    job["metadata"]["name"] = "queued"
-    apply(bed, job)
-    status = bed.cluster.wait_for("rltj", "queued", namespace=NS, timeout=60, predicate=phase_is("Queued"))["status"]
-    assert "LocalQueue team-a" in status["message"], status
-    wait_until(lambda: len(job_pods(bed, "queued")) == 3 and all(
-        any(c.get("reason") == "SchedulingGated" for c in (p.get("status") or {}).get("conditions") or [])
-        for p in job_pods(bed, "queued")), 60, 0.2, "three gated pods")
-    for pod in job_pods(bed, "queued"):
-        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "queued-g0-n3"
-        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
-        assert not pod["spec"].get("nodeName") and not job_containers(bed, "queued")
-    assert "Queued" in bed.kubectl("get", "rltj", "queued", "-n", NS).stdout
-    for pod in job_pods(bed, "queued"):
-        bed.kubectl("patch", "pod", pod["metadata"]["name"], "-n", NS, "--type=json",
-                    "-p", '[{"op": "remove", "path": "/spec/schedulingGates"}]')
-    wait_complete(bed, "queued", 600)
-    admitted = {c["type"]: c for c in bed.cluster.get("rltj", "queued", NS)["status"]["conditions"]}["Admitted"]
-    assert admitted["status"] == "True" and "queued-g0-n3" in admitted["message"], admitted
-    assert {"Queued", "Starting", "Running", "Succeeded"} <= {e["reason"] for e in job_events(bed, "queued")}
-    delete_and_check_nothing_left(bed, "queued")
 
 
 def test_an_image_that_does_not_exist_says_so_then_fails_at_the_startup_deadline(bed):

@@ -420,8 +420,10 @@ def test_active_deadline_fails_a_job_that_runs_too_long(cluster, operator, job_d
 
 
 def test_a_queued_job_waits_for_kueue_and_a_pod_that_cannot_start_says_why(cluster, operator, job_dict):
-    """spec.queueName: Queued with every pod gated until the gates go (as Kueue lifts them); then an image
-    pull error reaches status.message, StartupBlocked and one Event, and clears when the pods run."""
+    """spec.queueName: Queued with every pod gated until the gates go; then an image pull error reaches
+    status.message, StartupBlocked and one Event, and clears when the pods run. No Kueue runs on this
+    control plane: the test lifts the gates itself, to check the operator's side alone (Kueue's own
+    admission is tests/e2e/test_e2e_kueue.py)."""
     cluster.create(job_manifest(job_dict, replicas=1, queueName="team-a"), namespace=cluster.namespace)
     wait_pods(cluster, {HEAD, LEARNER, worker(0)})
     st = wait_phase(cluster, "Queued")

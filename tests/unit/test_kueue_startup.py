@@ -40,6 +40,7 @@ def test_every_pod_of_a_queued_job_is_one_gated_pod_group(queued):
         assert labels["kueue.x-k8s.io/queue-name"] == QUEUE
         assert labels["kueue.x-k8s.io/pod-group-name"] == "cartpole-ppo-g0-n4"
         assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "4"  # head + learner + 2 workers
+        assert annotations["kueue.x-k8s.io/retriable-in-group"] == "false"  # over once none is running
         assert pod["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}]
     assert queued.phase == Phase.QUEUED
     admitted = queued.condition("Admitted")

@@ -22,6 +22,13 @@ from kuberl.operator.builders import learner_pods
 
 POD_GROUP_NAME_LABEL = "kueue.x-k8s.io/pod-group-name"
 POD_GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+#: Kueue keeps its finalizer on a group's pods until the group is over, and by default a group is over
+#: only when every pod Succeeded, since a failed pod may yet be replaced. Only the learner of a job
+#: succeeds (the operator deletes the head and the workers then), so without this the pods of a
+#: finished, suspended or re-queued job would stay Terminating and hold the ClusterQueue's quota for
+#: ever. "false": the group is over once none of its pods is left running; a replacement the operator
+#: makes while the others run still joins it.
+RETRIABLE_IN_GROUP_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
 #: Condition type and reasons of a queued job.
@@ -47,7 +54,8 @@ def enroll(pod: dict[str, Any], job: RLTrainingJob, epoch: int) -> dict[str, Any
     meta = pod["metadata"]
     meta["labels"] = {**meta.get("labels", {}), QUEUE_NAME_LABEL: queue,
                       POD_GROUP_NAME_LABEL: pod_group_name(job, epoch)}
-    meta["annotations"] = {**meta.get("annotations", {}), POD_GROUP_TOTAL_COUNT_ANNOTATION: str(gang_size(job))}
+    meta["annotations"] = {**meta.get("annotations", {}), POD_GROUP_TOTAL_COUNT_ANNOTATION: str(gang_size(job)),
+                           RETRIABLE_IN_GROUP_ANNOTATION: "false"}
     gates = pod["spec"].setdefault("schedulingGates", [])
     if {"name": ADMISSION_GATE} not in gates:
         gates.append({"name": ADMISSION_GATE})
