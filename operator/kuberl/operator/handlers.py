@@ -269,6 +269,32 @@ class HeldCreates:
                    if c.type in (CREATE_FORBIDDEN, CHANGE_REFUSED))
 
 
+class StatusWriter:
+    """Writes a job's status when it changed, or when another writer overwrote it: the status is the
+    operator's record of the job, and the writes are merge patches with no resourceVersion, so a
+    concurrent writer never makes one fail (409) but can replace what it says."""
+
+    def __init__(self, runtime: Runtime, body: kopf.Body, key: tuple[str, str], status: Any):
+        self.runtime, self.body, self.key = runtime, body, key
+        # What the API holds, so an unchanged status is not written again.
+        self.written: dict[str, Any] | None = job_status.dump(status) if body.get("status") else None
+
+    async def write(self, status: Any) -> None:
+        new = job_status.dump(status)
+        recent = self.runtime.written_statuses.setdefault(self.key, collections.deque(maxlen=RECENT_WRITES))
+        if new == self.written and not self._overwritten(recent):
+            return
+        await self.runtime.kube.patch_job_status(*self.key, new)
+        self.written = new
+        recent.append(job_status.stored(new))
+
+    def _overwritten(self, recent: collections.deque[dict[str, Any]]) -> bool:
+        """The job's status as last seen (kopf keeps the body current) is no write of this loop's."""
+        live = self.body.get("status")
+        return bool(live) and self.written is not None and live not in recent and live != job_status.stored(
+            self.written)
+
+
 class JobLoop:
     """The reconcile loop of one job."""
 
@@ -279,8 +305,7 @@ class JobLoop:
         self.uid = body["metadata"].get("uid")
         self.key = (self.namespace, self.name)
         self.status = self._initial_status(body.get("status"))
-        # What the API holds, so an unchanged status is not written again.
-        self.written: dict[str, Any] | None = job_status.dump(self.status) if body.get("status") else None
+        self.status_writer = StatusWriter(runtime, body, self.key, self.status)
         self.progress = ProgressReader(runtime, self.name, logger)
         self.children = ChildWriter(runtime, body)
         self.failures = 0
@@ -378,7 +403,7 @@ class JobLoop:
             self.api_invalid = applied.refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
         self.deleted -= applied.created
-        await self._write_status()
+        await self.status_writer.write(self.status)
         post_events(self.body, plan, self.logger)
         count(self.runtime, self.uid or self.name, plan, before)
         self.runtime.seen_specs[self.key] = spec_json
@@ -399,24 +424,6 @@ class JobLoop:
             self.api_invalid = None  # a refusal by the API server was about the previous spec
             self._parsed = (spec_json, *validate_spec(body, spec_json, self.logger, self.runtime.config.tenancy))
         return self._parsed[1], self._parsed[2]
-
-    async def _write_status(self) -> None:
-        """Write the status when it changed, or when another writer overwrote it: the status is the
-        operator's record of the job, and the writes are merge patches with no resourceVersion, so a
-        concurrent writer never makes one fail (409) but can replace what it says."""
-        new = job_status.dump(self.status)
-        recent = self.runtime.written_statuses.setdefault(self.key, collections.deque(maxlen=RECENT_WRITES))
-        if new == self.written and not self._overwritten(recent):
-            return
-        await self.runtime.kube.patch_job_status(self.namespace, self.name, new)
-        self.written = new
-        recent.append(job_status.stored(new))
-
-    def _overwritten(self, recent: collections.deque[dict[str, Any]]) -> bool:
-        """The job's status as last seen (kopf keeps the body current) is no write of this loop's."""
-        live = self.body.get("status")
-        return bool(live) and self.written is not None and live not in recent and live != job_status.stored(
-            self.written)
 
     def _next_wait(self, plan: Plan, job: RLTrainingJob | None, pods: list[PodView]) -> float:
         config = self.runtime.config
