@@ -49,6 +49,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "roles": ("/apis/rbac.authorization.k8s.io/v1", True),
     "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", True),
     "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
+    "rlsweeps": ("/apis/kuberl.dev/v1alpha1", True),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", False),
     **{r: ("/apis/kueue.x-k8s.io/v1beta2", True) for r in ("workloads", "localqueues")},
     **{r: ("/apis/kueue.x-k8s.io/v1beta2", False) for r in ("clusterqueues", "resourceflavors")},
@@ -262,8 +263,10 @@ class ClusterSession:
 
     def set_up(self, *, node: bool = True) -> ClusterSession:
         """`node=False`: no node of the tests' own (a benchmark brings its kwok nodes)."""
-        self.plane.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "rltrainingjob.yaml"))
-        self.wait_established("rltrainingjobs.kuberl.dev")
+        # Both kinds, as the chart installs them: the operator watches sweeps wherever their CRD exists.
+        for crd, name in (("rltrainingjob.yaml", "rltrainingjobs"), ("rlsweep.yaml", "rlsweeps")):
+            self.plane.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / crd))
+            self.wait_established(f"{name}.kuberl.dev")
         self.admin.call("POST", self.admin.url("namespaces", None), body={"metadata": {"name": OPERATOR_NAMESPACE}})
         rendered = self.chart_rbac()
         self.plane.apply(rendered)

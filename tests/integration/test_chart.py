@@ -265,16 +265,21 @@ def test_chart_crd_is_the_committed_crd_and_what_the_model_generates():
     generated = crd_module.crd_yaml()
     assert (REPO / "crds" / "rltrainingjob.yaml").read_text() == generated, "crds/ is stale: run `kuberl crd`"
     chart_crds = sorted(p.name for p in (CHART / "crds").iterdir())
-    assert chart_crds == ["rltrainingjob.yaml"]
+    assert chart_crds == ["rlsweep.yaml", "rltrainingjob.yaml"]
     assert (CHART / "crds" / "rltrainingjob.yaml").read_text() == generated, (
         "the chart's crds/ differs: kuberl crd -o charts/kuberl-operator/crds/rltrainingjob.yaml"
+    )
+    sweep = crd_module.sweep_crd_yaml()
+    assert (REPO / "crds" / "rlsweep.yaml").read_text() == sweep, "crds/ is stale: run `kuberl crd --kind RLSweep`"
+    assert (CHART / "crds" / "rlsweep.yaml").read_text() == sweep, (
+        "the chart's crds/ differs: kuberl crd --kind RLSweep -o charts/kuberl-operator/crds/rlsweep.yaml"
     )
 
 
 def test_cluster_wide_rbac_grants_exactly_the_operators_rules():
     manifests = render()
     role = one(manifests, "ClusterRole")
-    assert role["rules"] == rbac.RULES + rbac.CLUSTER_RULES
+    assert role["rules"] == rbac.RULES + rbac.SWEEP_RULES + rbac.CLUSTER_RULES
     assert role["rules"] == rbac.cluster_wide()[0]["rules"]
     binding = one(manifests, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -289,7 +294,7 @@ def test_single_namespace_rbac_is_a_role_in_the_watched_namespace_only():
     manifests = render(values=CHART / "ci" / "namespaced-values.yaml")
     role = one(manifests, "Role")
     assert role["metadata"]["namespace"] == "ml-jobs"
-    assert role["rules"] == rbac.RULES
+    assert role["rules"] == rbac.RULES + rbac.SWEEP_RULES
     assert role["rules"] == rbac.single_namespace("ml-jobs")[0]["rules"]
     binding = one(manifests, "RoleBinding")
     assert binding["metadata"]["namespace"] == "ml-jobs"

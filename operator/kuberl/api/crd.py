@@ -117,10 +117,18 @@ def crd() -> dict[str, Any]:
 
 
 SWEEP_PRINTER_COLUMNS: list[dict[str, Any]] = [
-    {"name": "Sampler", "type": "string", "jsonPath": ".spec.search.sampler", "description": "How configurations "
-     "are chosen."},
-    {"name": "Trials", "type": "integer", "jsonPath": ".spec.maxTrials", "description": "Most trials."},
-    {"name": "Seeds", "type": "integer", "jsonPath": ".spec.seeds", "description": "Trials per configuration."},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Running, Succeeded or Failed."},
+    {"name": "Trials", "type": "string", "jsonPath": ".status.progress", "description": "Trials finished/budget."},
+    {"name": "Running", "type": "integer", "jsonPath": ".status.trialsByState.running",
+     "description": "Trials running."},
+    {"name": "Stopped", "type": "integer", "jsonPath": ".status.trialsByState.stopped",
+     "description": "Trials the pruner stopped."},
+    {"name": "Best", "type": "string", "jsonPath": ".status.best.summary",
+     "description": "The best configuration so far, its IQM and 95% interval."},
+    {"name": "Sampler", "type": "string", "jsonPath": ".spec.search.sampler", "priority": 1,
+     "description": "How configurations are chosen."},
+    {"name": "Seeds", "type": "integer", "jsonPath": ".spec.seeds", "priority": 1,
+     "description": "Trials per configuration."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -134,6 +142,9 @@ def sweep_open_api_schema() -> dict[str, Any]:
     spec_schema = sw.RLSweepSpec.model_json_schema(by_alias=True, mode="validation")
     spec = _structural(spec_schema, spec_schema.get("$defs", {}))
     spec["description"] = "A job template, the parameters to vary, seeds per configuration, search and budget."
+    status_schema = sw.RLSweepStatus.model_json_schema(by_alias=True, mode="serialization")
+    status = _structural(status_schema, status_schema.get("$defs", {}))
+    status["description"] = "Observed state, written by the operator."
     return {
         "type": "object",
         "required": ["spec"],
@@ -143,8 +154,7 @@ def sweep_open_api_schema() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": spec,
-            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                       "description": "Observed state, written by the operator."},
+            "status": status,
         },
     }
 

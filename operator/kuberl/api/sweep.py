@@ -14,6 +14,7 @@ import enum
 import math
 import types
 import typing
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -118,7 +119,10 @@ class DistributionSpec(m._Model):
     high: float = Field(description="Largest value.")
 
 
-_ONE_SOURCE = ("[has(self.values), has(self.grid), has(self.distribution)].filter(x, x).size() == 1")
+#: The API server's half of "exactly one source": its CEL cannot see `values` (a list of any scalar has no type
+#: in the schema, and CEL leaves untyped fields out), so it refuses a grid with a distribution, and the model
+#: (the operator's check, as `kuberl sweep`'s) the rest.
+_ONE_SOURCE = "!(has(self.grid) && has(self.distribution))"
 
 
 class ParameterSpec(m._Model):
@@ -183,6 +187,93 @@ class RLSweep(m._Model):
     kind: Literal["RLSweep"] = Field(description=KIND)
     metadata: m.ObjectMeta
     spec: RLSweepSpec
+
+
+# ---- status: the operator's record of a sweep on a cluster --------------------------------------------
+
+
+class SweepPhase(str, enum.Enum):
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SweepPhase.SUCCEEDED, SweepPhase.FAILED)
+
+
+class TrialState(str, enum.Enum):
+    """A trial as the sweep shows it. Stopped: the pruner stopped it (its job is Suspended, kept)."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+
+
+#: Pruner reports a trial keeps in the status (the newest): they bound the status's size.
+MAX_REPORTS = 32
+#: Configurations the status ranks (the best first); the rest are in the trials.
+MAX_RANKED = 10
+
+
+class TrialStatus(m._Model):
+    """One trial: its job, configuration, seed, state, what it reported to the pruner and what it scored."""
+
+    number: int = Field(ge=0, description="The trial's number; its job is <sweep>-t<number>.")
+    name: str = Field(description="The trial's RLTrainingJob.")
+    configuration: int = Field(ge=0, description="Which configuration (trials of one share its values).")
+    parameters: dict[str, ParameterValue] = Field(description="Each parameter's value, by path.")
+    seed: int = Field(description="The trial's seed.")
+    state: TrialState = Field(default=TrialState.RUNNING, description="Running, Succeeded, Stopped (by the "
+                              "pruner; its job is Suspended), Failed.")
+    env_steps: int = Field(default=0, ge=0, description="Env steps, from its job's progress.")
+    mean_return: float | None = Field(default=None, description="Mean return, from its job's progress.")
+    objective: float | None = Field(default=None, description="What it scored (spec.objective), once it "
+                                    "succeeded.")
+    reports: dict[str, float] = Field(default_factory=dict, description="What it told the pruner, by env step.")
+    message: str | None = Field(default=None, description="Why it failed or was stopped.")
+
+
+class ConfigurationResult(m._Model):
+    """A configuration ranked by the interquartile mean of its finished runs, with a 95% bootstrap interval."""
+
+    rank: int = Field(ge=1, description="1 is the best.")
+    configuration: int = Field(ge=0, description="Which configuration.")
+    parameters: dict[str, ParameterValue] = Field(description="Its values, by path.")
+    iqm: float = Field(description="Interquartile mean of its runs' objective.")
+    ci_low: float | None = Field(default=None, description="Low end of the 95% interval (none with one run).")
+    ci_high: float | None = Field(default=None, description="High end of the 95% interval.")
+    runs: int = Field(ge=0, description="Runs that finished and scored.")
+    summary: str = Field(default="", description="Its values and score on one line, for kubectl get.")
+
+
+class TrialCounts(m._Model):
+    running: int = Field(default=0, ge=0, description="Trials running.")
+    succeeded: int = Field(default=0, ge=0, description="Trials finished with a score.")
+    stopped: int = Field(default=0, ge=0, description="Trials the pruner stopped.")
+    failed: int = Field(default=0, ge=0, description="Trials that failed.")
+
+
+class RLSweepStatus(m._Model):
+    phase: SweepPhase = Field(default=SweepPhase.RUNNING, description="Running, Succeeded or Failed.")
+    conditions: list[m.Condition] = Field(default_factory=list, description="Complete and Failed.")
+    observed_generation: int | None = Field(default=None, description="Last spec generation acted on.")
+    start_time: datetime | None = Field(default=None, description="When the first trial was created.")
+    completion_time: datetime | None = Field(default=None, description="When the sweep finished.")
+    trials_by_state: TrialCounts = Field(default_factory=TrialCounts, description="Trials by state.")
+    progress: str = Field(default="0/0", description="Trials finished/budget, for kubectl get.")
+    best: ConfigurationResult | None = Field(default=None, description="The best configuration so far.")
+    ranking: list[ConfigurationResult] = Field(default_factory=list, description=f"The best {MAX_RANKED} "
+                                               "configurations, best first.")
+    trials: list[TrialStatus] = Field(default_factory=list, description="Every trial started, by number.")
+    reason: str | None = Field(default=None, description="Why the sweep failed (CamelCase).")
+    message: str | None = Field(default=None, description="Detail of the failure.")
+
+
+def trial_name(sweep_name: str, number: int) -> str:
+    """A trial's job: `<sweep>-t<number>`, within a job name's length (the sweep's name leaves room)."""
+    return f"{sweep_name}-t{number:04d}"
 
 
 # ---- parameters resolved against the job model ----------------------------------------------------------
@@ -418,7 +509,7 @@ def _corner_problems(sweep: RLSweep) -> list[Problem]:
         else:
             ends = param_values(param, field.annotation)
         for value in ends:
-            data = trial_job(sweep, f"{sweep.metadata.name}-t0000", {param.path: value}, sweep.spec.template.seed)
+            data = trial_job(sweep, trial_name(sweep.metadata.name, 0), {param.path: value}, sweep.spec.template.seed)
             try:
                 m.RLTrainingJob.model_validate(data)
             except ValidationError as err:
@@ -501,5 +592,6 @@ def load_sweep_text(text: str, source: str = "sweep") -> RLSweep:
     return parse_sweep(docs[0], text=text, source=source)
 
 
-__all__ = ["InvalidSweep", "RLSweep", "RLSweepSpec", "load_sweep_file", "load_sweep_text",
+__all__ = ["InvalidSweep", "RLSweep", "RLSweepSpec", "RLSweepStatus", "SweepPhase", "TrialState", "TrialStatus",
+           "trial_name", "load_sweep_file", "load_sweep_text",
            "parse_sweep", "resolve_path", "trial_job"]

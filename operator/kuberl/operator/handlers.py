@@ -28,7 +28,7 @@ from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.api.tenancy import Tenancy
-from kuberl.operator import builders, lifecycle, names
+from kuberl.operator import builders, lifecycle, names, sweeps
 from kuberl.operator import status as job_status
 from kuberl.operator.lifecycle import JobMeta, Plan
 from kuberl.operator.names import Component
@@ -323,31 +323,9 @@ class JobLoop:
             return job_status.load(None)
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
-        poke = asyncio.Event()
-        self.runtime.pokes[self.key] = poke
-
-        async def wake_on_stop() -> None:
-            await stopped.wait()
-            poke.set()
-
-        stopper = asyncio.ensure_future(wake_on_stop())
-        quick = 0
         try:
-            while not stopped:
-                poke.clear()
-                wait = await self.reconcile_once()
-                if stopped:
-                    break
-                if wait <= 0 and quick < QUICK_PASSES:
-                    quick += 1
-                    continue
-                quick = 0
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(poke.wait(), timeout=max(wait, 0.05))
+            await self.runtime.run_passes(self.key, stopped, self.reconcile_once, quick_passes=QUICK_PASSES)
         finally:
-            stopper.cancel()
-            if self.runtime.pokes.get(self.key) is poke:
-                del self.runtime.pokes[self.key]
             self.runtime.seen_specs.pop(self.key, None)
             self.runtime.written_statuses.pop(self.key, None)
             self.runtime.metrics.job_phase(self.uid or self.name, None)
@@ -529,6 +507,7 @@ def build_registry(*, login: bool = True) -> kopf.OperatorRegistry:
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="job-changed")(job_changed)
     kopf.on.event("", "v1", "pods", registry=registry, id="pod-changed",
                   labels={names.MANAGED_BY_LABEL: names.OPERATOR_NAME})(pod_changed)
+    sweeps.register(registry)
     return registry
 
 

@@ -5,6 +5,7 @@ The learner's metrics live in kuberl.trainer.metrics; the dashboard and README u
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter as _Tally
 from typing import Any
@@ -26,8 +27,14 @@ METRICS: dict[str, tuple[str, str]] = {
         "histogram", "How late the operator's event loop woke a 0.1 s timer: time it was held up by one task."),
     "kuberl_operator_errors_total": (
         "counter", "Errors in handlers and progress scrapes, by handler and error kind."),
+    "kuberl_operator_sweep_trials": (
+        "gauge", "Trials of the RLSweeps this operator watches, by state (running, succeeded, stopped, failed)."),
+    "kuberl_operator_sweep_best_objective": (
+        "gauge", "Each RLSweep's best configuration so far: the IQM of its runs' objective (spec.objective)."),
 }
 
+#: A sweep trial's states, as the kuberl_operator_sweep_trials gauge labels them.
+SWEEP_TRIAL_STATES = ("running", "succeeded", "stopped", "failed")
 #: Buckets for event-loop lag: under 10 ms is healthy; 100 ms is the most one job may hold the loop up.
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 #: Buckets for reconcile durations: a handler run is milliseconds; API latency can make it seconds.
@@ -56,9 +63,16 @@ class OperatorMetrics:
             buckets=LOOP_LAG_BUCKETS, registry=self.registry)
         self.errors = Counter("kuberl_operator_errors", help_["kuberl_operator_errors_total"],
                               ["handler", "kind"], registry=self.registry)
+        self.sweep_trials = Gauge("kuberl_operator_sweep_trials", help_["kuberl_operator_sweep_trials"],
+                                  ["state"], registry=self.registry)
+        self.sweep_best = Gauge("kuberl_operator_sweep_best_objective", help_["kuberl_operator_sweep_best_objective"],
+                                ["namespace", "sweep"], registry=self.registry)
         for phase in Phase:
             self.jobs.labels(phase.value).set(0)
+        for state in SWEEP_TRIAL_STATES:
+            self.sweep_trials.labels(state).set(0)
         self._phases: dict[str, str] = {}
+        self._sweeps: dict[tuple[str, str], dict[str, int]] = {}
         self._lock = threading.Lock()
         self.server: Any = None
 
@@ -72,6 +86,21 @@ class OperatorMetrics:
             tally = _Tally(self._phases.values())
             for p in Phase:
                 self.jobs.labels(p.value).set(tally.get(p.value, 0))
+
+    def sweep(self, namespace: str, name: str, counts: dict[str, int] | None, best: float | None = None) -> None:
+        """Record a sweep's trials by state and its best objective (counts None: the sweep is gone), and
+        recount the trials gauge."""
+        with self._lock:
+            if counts is None:
+                self._sweeps.pop((namespace, name), None)
+                with contextlib.suppress(KeyError):
+                    self.sweep_best.remove(namespace, name)
+            else:
+                self._sweeps[(namespace, name)] = counts
+                if best is not None:
+                    self.sweep_best.labels(namespace, name).set(best)
+            for state in SWEEP_TRIAL_STATES:
+                self.sweep_trials.labels(state).set(sum(c.get(state, 0) for c in self._sweeps.values()))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start /metrics; returns the bound port (0 picks a free one)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from kuberl.api import sweep
 from kuberl.api.job import GROUP, PLURAL
 
 #: Rules on namespaced resources: granted cluster-wide (ClusterRole) or in one namespace (Role).
@@ -40,6 +41,20 @@ RULES: list[dict[str, list[str]]] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
     # Kubernetes Events on every phase transition (kopf posts core/v1 Events).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+#: Rules of RLSweeps, granted with RULES: what a sweep's loop does beyond a job's.
+SWEEP_RULES: list[dict[str, list[str]]] = [
+    # The sweeps: listed and watched by kopf, patched by kopf (its finalizer, which stops the sweep's loop
+    # before the sweep goes). Never deleted by the operator: the trials go with it (garbage collector).
+    {"apiGroups": [GROUP], "resources": [sweep.PLURAL], "verbs": ["list", "watch", "patch"]},
+    # The sweep's status: a merge patch of the status subresource.
+    {"apiGroups": [GROUP], "resources": [f"{sweep.PLURAL}/status"], "verbs": ["patch"]},
+    # Trials carry an ownerReference to the sweep with blockOwnerDeletion: authorized against update of the
+    # sweep's finalizers on every trial's create, not a request of its own.
+    {"apiGroups": [GROUP], "resources": [f"{sweep.PLURAL}/finalizers"], "verbs": ["update"]},
+    # The trials: RLTrainingJobs created by the sweep's loop (listed, and suspended by a patch, under RULES).
+    {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["create"]},
 ]
 
 #: Cluster-scoped rules, granted only in the cluster-wide variant: kopf watches CRDs and namespaces
@@ -77,7 +92,7 @@ def cluster_wide(*, name: str = DEFAULT_NAME, service_account: str = DEFAULT_NAM
                  service_account_namespace: str = DEFAULT_SERVICE_ACCOUNT_NAMESPACE,
                  peering: bool = False) -> list[dict[str, Any]]:
     """ClusterRole + ClusterRoleBinding for an operator that watches every namespace."""
-    rules = RULES + CLUSTER_RULES + (PEERING_RULES if peering else [])
+    rules = RULES + SWEEP_RULES + CLUSTER_RULES + (PEERING_RULES if peering else [])
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(name),
          "rules": [dict(r) for r in rules]},
@@ -100,7 +115,7 @@ def single_namespace(namespace: str, *, name: str = DEFAULT_NAME, service_accoun
     if namespace == service_account_namespace:
         raise ValueError(f"the operator's ServiceAccount must live outside the namespace it watches "
                          f"({namespace}): its rights would be open to every job there")
-    rules = RULES + ([PEERING_RULES[1]] if peering else [])
+    rules = RULES + SWEEP_RULES + ([PEERING_RULES[1]] if peering else [])
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, namespace),
          "rules": [dict(r) for r in rules]},

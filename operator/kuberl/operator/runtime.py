@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,8 +152,25 @@ class Kube:
         await self._call(self.core.delete_namespaced_pod, name, namespace, body=body, parse=False)
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self.patch_status(PLURAL, namespace, name, status)
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """The status subresource of one of our kinds (`plural`), as a merge patch."""
         await self._call(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
-                         PLURAL, name, {"status": status}, parse=False)  # the client sends merge-patch
+                         plural, name, {"status": status}, parse=False)  # the client sends merge-patch
+
+    async def list_jobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        data = await self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                                label_selector=label_selector)
+        return list(data.get("items") or [])
+
+    async def create_job(self, manifest: dict[str, Any]) -> None:
+        await self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION,
+                         manifest["metadata"]["namespace"], PLURAL, manifest, parse=False)
+
+    async def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await self._call(self.custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+                         patch, parse=False)
 
     async def delete_job(self, namespace: str, name: str, uid: str | None) -> None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
@@ -208,6 +226,37 @@ class Runtime:
         event = self.pokes.get((namespace, name))
         if event is not None:
             event.set()
+
+    async def run_passes(self, key: tuple[str, str], stopped: Any, one_pass: Callable[[], Awaitable[float]],
+                         *, quick_passes: int = 0) -> None:
+        """An object's loop (a kopf daemon's): `one_pass` returns seconds until the next pass is due; a poke
+        under `key` (an event of the object or of its children) or the daemon's stop wakes it sooner. Up to
+        `quick_passes` passes in a row that ask for no wait run at once; then even those wait a little."""
+        poke = asyncio.Event()
+        self.pokes[key] = poke
+
+        async def wake_on_stop() -> None:
+            await stopped.wait()
+            poke.set()
+
+        stopper = asyncio.ensure_future(wake_on_stop())
+        quick = 0
+        try:
+            while not stopped:
+                poke.clear()
+                wait = await one_pass()
+                if stopped:
+                    break
+                if wait <= 0 and quick < quick_passes:
+                    quick += 1
+                    continue
+                quick = 0
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(poke.wait(), timeout=max(wait, 0.05))
+        finally:
+            stopper.cancel()
+            if self.pokes.get(key) is poke:
+                del self.pokes[key]
 
     async def get_metrics(self, url: str) -> bytes:
         """A learner's /metrics body, as sent: at most MAX_METRICS_BYTES, within scrape_timeout.

@@ -24,16 +24,22 @@ from kuberl.api.sweep import (
     Pruner,
     RLSweep,
     Sampler,
+    TrialState,
+    TrialStatus,
     grid_size,
     param_values,
     resolve_path,
     trial_job,
+    trial_name,
 )
 
 #: A trial's states, as the runner and the operator show them.
 RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
 _STATES = {optuna.trial.TrialState.RUNNING: RUNNING, optuna.trial.TrialState.COMPLETE: COMPLETE,
            optuna.trial.TrialState.PRUNED: PRUNED, optuna.trial.TrialState.FAIL: FAILED}
+#: A trial's state as the sweep's status records it, and as the study holds it.
+RECORDED = {TrialState.RUNNING: optuna.trial.TrialState.RUNNING, TrialState.SUCCEEDED: optuna.trial.TrialState.COMPLETE,
+            TrialState.STOPPED: optuna.trial.TrialState.PRUNED, TrialState.FAILED: optuna.trial.TrialState.FAIL}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +144,7 @@ class SweepEngine:
 
     def trial_job(self, info: TrialInfo) -> dict[str, Any]:
         """The RLTrainingJob manifest a trial runs: the template, its values and its seed."""
-        return trial_job(self.sweep, f"{self.sweep.metadata.name}-t{info.number:04d}", info.params, info.seed)
+        return trial_job(self.sweep, trial_name(self.sweep.metadata.name, info.number), info.params, info.seed)
 
     # ---- objective values --------------------------------------------------------------------------------
 
@@ -172,10 +178,13 @@ class SweepEngine:
             if configuration is not None:
                 runs.setdefault(configuration, (t.params, set()))[1].add(t.user_attrs["seed"])
         base = self.sweep.spec.template.seed
+        # Only the configurations that ran fewest seeds: a study rebuilt from a record (which keeps no queue)
+        # goes on seed by seed as the one that queued them would.
+        fewest = min((len(seeds) for _params, seeds in runs.values()), default=0)
         for configuration in sorted(runs):
             params, seeds = runs[configuration]
             missing = [seed for seed in range(base, base + self.seeds) if seed not in seeds]
-            if missing:
+            if missing and len(seeds) == fewest:
                 self.study.enqueue_trial(params, user_attrs={"configuration": configuration, "seed": missing[0]},
                                          skip_if_exists=False)
 
@@ -192,6 +201,35 @@ class SweepEngine:
         last = t.intermediate_values[steps[-1]] if steps else None
         return TrialInfo(t.number, t.user_attrs["configuration"], dict(t.params), t.user_attrs["seed"],
                          _STATES.get(t.state, t.state.name.lower()), t.value, steps[-1] if steps else None, last)
+
+
+def restore(engine: SweepEngine, trials: list[TrialStatus]) -> None:
+    """The study as a record left it (the operator keeps one in the sweep's status, so that a restarted
+    operator goes on where it was): each trial added in order of number, with its values, state,
+    objective and pruner reports; a running trial can report again and be finished. The sampler is
+    seeded by how many trials there are, so each new configuration is a fresh draw, the same one for
+    the same record."""
+    grid = engine.study.sampler if isinstance(engine.study.sampler, _GridSampler) else None
+    for number, record in enumerate(sorted(trials, key=lambda t: t.number)):
+        if record.number != number:
+            raise ValueError(f"the record's trials must be numbered 0, 1, ...: found {record.number} at {number}")
+        state = RECORDED[record.state]
+        params = {p.path: record.parameters[p.path] for p in engine.sweep.spec.parameters}
+        system_attrs = {}
+        if grid is not None:
+            point = tuple(params[name] for name in grid._param_names)
+            system_attrs = {"search_space": grid._search_space, "grid_id": grid._all_grids.index(point)}
+        engine.study.add_trial(optuna.trial.create_trial(
+            state=state, value=record.objective if state == optuna.trial.TrialState.COMPLETE else None,
+            params=params, distributions=engine._distributions, system_attrs=system_attrs,
+            user_attrs={"configuration": record.configuration, "seed": record.seed},
+            intermediate_values={int(step): value for step, value in record.reports.items()}))
+        if state == optuna.trial.TrialState.RUNNING:
+            storage = engine.study._storage
+            trial_id = storage.get_trial_id_from_study_id_trial_number(engine.study._study_id, number)
+            engine._trials[number] = optuna.trial.Trial(engine.study, trial_id)
+    if grid is None:
+        engine.study.sampler = _sampler(engine.sweep, offset=len(trials))
 
 
 def _runs(frozen: list[optuna.trial.FrozenTrial]) -> dict[tuple[int, int], int]:
@@ -225,15 +263,15 @@ class _GridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def _sampler(sweep: RLSweep) -> optuna.samplers.BaseSampler:
+def _sampler(sweep: RLSweep, offset: int = 0) -> optuna.samplers.BaseSampler:
     search = sweep.spec.search
     if search.sampler == Sampler.GRID:
         space = {p.path: _choices(p) for p in sweep.spec.parameters}
         return _GridSampler(space, seed=search.seed)
     if search.sampler == Sampler.RANDOM:
-        return optuna.samplers.RandomSampler(seed=search.seed)
-    return optuna.samplers.TPESampler(seed=search.seed, n_startup_trials=min(10, max(1, sweep.spec.max_trials
-                                                                                     // sweep.spec.seeds // 3)))
+        return optuna.samplers.RandomSampler(seed=search.seed + offset)
+    startup = min(10, max(1, sweep.spec.max_trials // sweep.spec.seeds // 3))
+    return optuna.samplers.TPESampler(seed=search.seed + offset, n_startup_trials=startup)
 
 
 def _pruner(sweep: RLSweep) -> optuna.pruners.BasePruner:
