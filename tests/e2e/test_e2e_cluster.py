@@ -193,6 +193,42 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     assert (run_dir / "summary.json").exists(), "the claim's data must outlive the job"
 
 
+def test_a_sweep_applied_with_kubectl_trains_its_trials_as_child_jobs_to_the_end(bed):
+    """The example sweep, cut to two learning rates, one seed and a short budget, applied as a user applies it:
+    the operator runs each trial as a child RLTrainingJob whose pods train in real containers, reads each
+    trial's result from its job, ranks the two, and the sweep completes; deleting it deletes its trials."""
+    lr = "algorithm.ppo.learningRate"
+    sweep = yaml.safe_load((REPO / "examples" / "sweeps" / "cartpole-ppo-lr.yaml").read_text())
+    name = sweep["metadata"]["name"]
+    sweep["metadata"]["namespace"] = NS
+    spec = sweep["spec"]
+    spec["parameters"] = [{"path": lr, "values": [0.0025, 0.01]}]
+    spec["seeds"], spec["maxTrials"], spec["parallelism"] = 1, 2, 2
+    spec["template"]["stopping"]["maxEnvSteps"] = 4000
+    apply(bed, sweep)
+    bed.kubectl("wait", "-n", NS, "--for=condition=Complete", f"rlsweep/{name}", "--timeout=600s", timeout=620)
+
+    found = bed.cluster.get("rlsweeps", name, NS)
+    status = found["status"]
+    assert status["phase"] == "Succeeded" and status["progress"] == "2/2", status
+    assert sorted(t["parameters"][lr] for t in status["trials"]) == [0.0025, 0.01], status["trials"]
+    for trial in status["trials"]:
+        job = bed.cluster.get("rltj", trial["name"], NS)
+        assert job["status"]["phase"] == "Succeeded", (trial, job["status"])
+        assert [o["uid"] for o in job["metadata"]["ownerReferences"]] == [found["metadata"]["uid"]]
+        assert job["spec"]["algorithm"]["ppo"]["learningRate"] == trial["parameters"][lr]
+        # What the sweep recorded is the trial job's own final figures.
+        assert trial["state"] == "Succeeded" and trial["envSteps"] == job["status"]["progress"]["envSteps"] >= 4000
+        assert trial["objective"] is not None and trial["meanReturn"] == job["status"]["progress"]["meanReturn"]
+    assert len(status["ranking"]) == 2 and status["best"] == status["ranking"][0], status
+    row = bed.kubectl("get", "rlsweep", "-n", NS, name).stdout.splitlines()[1].split()
+    assert row[:3] == [name, "Succeeded", "2/2"], row
+
+    bed.kubectl("delete", "rlsweep", "-n", NS, name, "--wait=true", timeout=120)
+    wait_until(lambda: not [j for j in bed.cluster.list("rltj", NS) if j["metadata"]["name"].startswith(f"{name}-t")],
+               timeout=120, what="the sweep's trial jobs gone with it")
+
+
 def test_tictactoe_self_play_example_with_its_evaluation_suites(bed):
     job = example("tictactoe-dqn.yaml")
     apply(bed, job)
