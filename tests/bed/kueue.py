@@ -21,18 +21,15 @@ import base64
 import copy
 import os
 import shutil
-import socket
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
-from .control_plane import REPO, ControlPlane, die_with_parent
+from .control_plane import REPO, ControlPlane, die_with_parent, free_port
+from .host_controller import HostController, built_binary
 from .node_agent import wait_until
 from .real_cluster import ApiError, Objects
 
@@ -53,8 +50,7 @@ Body = dict[str, Any]
 
 def kueue_bin() -> Path | None:
     """The built binary (its manifests lie beside it), or None when scripts/build-kueue has not run."""
-    found = subprocess.run([str(BUILD_SCRIPT), "--print-bin"], capture_output=True, text=True, check=False)
-    return Path(found.stdout.strip().splitlines()[-1]) if found.returncode == 0 else None
+    return built_binary(BUILD_SCRIPT)
 
 
 def managed_namespaces_selector(namespaces: Sequence[str]) -> Body:
@@ -63,14 +59,10 @@ def managed_namespaces_selector(namespaces: Sequence[str]) -> Body:
                                   "values": sorted(namespaces)}]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Kueue:
+class Kueue(HostController):
     """Kueue for a bed: see the module docstring. A context manager."""
+
+    name = "kueue"
 
     def __init__(self, plane: ControlPlane, admin: Objects, work: Path, namespaces: Sequence[str]):
         if not namespaces:
@@ -78,35 +70,20 @@ class Kueue:
         found = kueue_bin()
         if found is None:
             raise RuntimeError("Kueue is not built: run ./scripts/build-kueue (./scripts/test does)")
-        self.bin, self.manifests = found, found.parent
-        self.plane, self.admin, self.work = plane, admin, Path(work)
+        super().__init__(found, plane, admin, work, "kueue.log")
         self.namespaces = tuple(namespaces)
         self.selector = managed_namespaces_selector(self.namespaces)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log = self.work / "kueue.log"
 
     # ---- start and stop ----------------------------------------------------------------------------
 
-    def __enter__(self) -> Kueue:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.stop()
-
     def start(self, timeout: float = 120) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
-        self.webhook_port, self.health_port = _free_port(), _free_port()
+        self.webhook_port, self.health_port = free_port(), free_port()
         self._certificate()
         self._service_account()
         self._crds()
         self._spawn()
-        wait_until(self._ready, timeout, 0.2, f"Kueue ready (/readyz; its log: {self.log})")
+        wait_until(self.ready, timeout, 0.2, f"Kueue ready (/readyz; its log: {self.log})")
         self.plane.apply(self._webhook_configurations())
         wait_until(lambda: self._webhook_mutates(True), 60, 0.2,
                    "the API server calling Kueue's pod webhook (a dry-run pod labelled kueue.x-k8s.io/managed)")
@@ -120,14 +97,7 @@ class Kueue:
             self.plane.kubectl("delete", kind.lower(), name, "--ignore-not-found", check=False)
         wait_until(lambda: self._webhook_mutates(False), 60, 0.2,
                    "the API server no longer calling Kueue's pod webhook")
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self.process = None
+        self.end_process()
 
     # ---- what it runs with -------------------------------------------------------------------------
 
@@ -144,34 +114,21 @@ class Kueue:
 
     def _service_account(self) -> None:
         """Kueue's ServiceAccount bound to the release's roles, and a kubeconfig with its token."""
-        role = yaml.safe_load((self.manifests / "manager-role.yaml").read_text())
-        role["metadata"]["name"] = MANAGER_ROLE
         # Its MultiKueue controller watches Secrets in its own namespace, which the release grants there only.
         secrets_role = yaml.safe_load((self.manifests / "manager-secrets-role.yaml").read_text())
         secrets_role["metadata"] = {"name": MANAGER_ROLE, "namespace": NAMESPACE}
-        subjects = [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
-        self.plane.apply([
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-            {"apiVersion": "v1", "kind": "ServiceAccount",
-             "metadata": {"name": SERVICE_ACCOUNT, "namespace": NAMESPACE}},
-            role, secrets_role,
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": {"name": MANAGER_ROLE},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": MANAGER_ROLE},
-             "subjects": subjects},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": MANAGER_ROLE, "namespace": NAMESPACE},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": MANAGER_ROLE},
-             "subjects": subjects},
-        ])
-        self.kubeconfig = self.plane.service_account_kubeconfig(NAMESPACE, SERVICE_ACCOUNT)
+        self.kubeconfig = self.bind_service_account(NAMESPACE, SERVICE_ACCOUNT, MANAGER_ROLE, secrets_role, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": MANAGER_ROLE, "namespace": NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": MANAGER_ROLE},
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]})
 
     def _url(self, path: str) -> str:
         return f"https://127.0.0.1:{self.webhook_port}{path}"
 
     def _crds(self) -> None:
         """The release's CRDs, with the conversion webhook its manifests give some of them, server-side."""
-        crds = [doc for doc in yaml.safe_load_all((self.manifests / "crds.yaml").read_text()) if doc]
+        crds = self.release_crds()
         conversions = {doc["metadata"]["name"]: doc["spec"]["conversion"] for doc in
                        yaml.safe_load_all((self.manifests / "crd-conversion.yaml").read_text()) if doc}
         for crd in crds:
@@ -182,16 +139,7 @@ class Kueue:
                 client["url"] = self._url(client.pop("service")["path"])
                 client["caBundle"] = self.ca_bundle
                 crd["spec"]["conversion"] = conversion
-        self.plane.apply(crds, timeout=120)
-        for crd in crds:
-            name = crd["metadata"]["name"]
-            wait_until(lambda name=name: self._established(name), 60, 0.1, f"the CRD {name} Established")
-
-    def _established(self, crd: str) -> bool:
-        found = self.admin.rest.call(
-            "GET", self.plane.server + f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") or {}
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (found.get("status") or {}).get("conditions") or [])
+        self.apply_crds(crds)
 
     def _configuration(self) -> Body:
         return {
@@ -233,16 +181,6 @@ class Kueue:
             stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True, preexec_fn=die_with_parent,
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
         log.close()
-
-    def _ready(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"kueue exited with {self.process.returncode}:\n"
-                               f"{self.log.read_text(errors='replace')[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as answer:
-                return answer.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
 
     def _webhook_configurations(self) -> list[Body]:
         """The release's two configurations, each webhook called at this process's URL, for the managed

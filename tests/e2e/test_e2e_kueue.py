@@ -21,6 +21,7 @@ import yaml
 from bed.cluster_bed import OneNodeCluster, bed_for_tests
 from bed.kueue import NAMESPACE, SERVICE_ACCOUNT, kueue_bin
 from bed.node_agent import wait_until
+from test_e2e_cluster import example as example_job
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "queued-jobs"
@@ -62,14 +63,8 @@ def condition(obj: dict, kind: str) -> dict:
 
 
 def example(name: str, job_name: str, **spec_changes) -> dict:
-    job = yaml.safe_load((REPO / "examples" / name).read_text())
+    job = example_job(name, **spec_changes)
     job["metadata"] = {"name": job_name, "namespace": NS}
-    for dotted, value in spec_changes.items():
-        node = job["spec"]
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = value
     return job
 
 
