@@ -28,7 +28,13 @@ def test_print_bin_fails_with_a_message_on_an_empty_cache_and_creates_nothing(tm
 def test_a_finished_build_is_reused_with_its_manifests_beside_it():
     done = run("--print-bin")
     if done.returncode != 0:
-        pytest.skip("Kueue is not built on this machine (./scripts/build-kueue)")
+        from tools import in_ci
+
+        # ./scripts/test builds it before the tests; a bare pytest on a machine without Go may not have.
+        reason = "Kueue is not built on this machine (./scripts/build-kueue)"
+        if in_ci():
+            pytest.fail(reason)
+        pytest.skip(reason)
     binary = Path(done.stdout.strip().splitlines()[-1])
     again = run()
     assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == str(binary)
