@@ -4,6 +4,7 @@ redoing its finished trials."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 
 from kuberl.sweep.statistics import iqm
 
@@ -75,29 +77,54 @@ def test_a_sweep_ranks_its_configurations_from_its_trials_own_summaries(tmp_path
 
 
 def test_resume_continues_an_interrupted_sweep_without_redoing_finished_trials(tmp_path):
+    # The interrupt must find a trial running, however fast the machine: the first trial's rollout worker
+    # goes through the gate, the second's waits at it (only rollout workers reset the env, each trial's
+    # worker is a process of its own), so the sweep is held with one trial finished and one started.
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "pass").touch()
     data = json.loads(json.dumps(SWEEP))
     data["spec"].update(parallelism=1)
-    data["spec"]["template"]["stopping"]["maxEnvSteps"] = 3000
+    template = data["spec"]["template"]
+    template["stopping"]["maxEnvSteps"] = 3000
+    template["environment"] = {"id": "user_envs:GatedCartPole", "kwargs": {"gate": str(gate)},
+                               "maxEpisodeSteps": 500}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
-    proc = subprocess.Popen(sweep_command(path, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-                            start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not (out / "trials" / "t0001" / "metrics.jsonl").exists():
-        time.sleep(0.2)
-    assert (out / "trials" / "t0000" / "summary.json").exists(), proc.stderr.read()[-3000:] if proc.poll() else ""
-    os.kill(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    # The sweep's Ray hands its sys.path to the rollout workers: they import user_envs too.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    # A file, not a pipe nobody reads while the sweep runs: a full pipe would hold the sweep up.
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("wb") as stderr_file:
+        proc = subprocess.Popen(sweep_command(path, out), stdout=subprocess.DEVNULL, stderr=stderr_file,
+                                cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not (gate / "waiting").exists():
+            time.sleep(0.2)
+        assert (gate / "waiting").exists(), stderr_path.read_text(errors="replace")[-3000:]
+        assert (out / "trials" / "t0000" / "summary.json").exists(), stderr_path.read_text(errors="replace")[-3000:]
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        (gate / "release").touch()
+    stderr = stderr_path.read_bytes()
     assert proc.returncode == 130, stderr[-3000:]
     assert b"--resume" in stderr
     first = (out / "trials" / "t0000" / "summary.json").stat().st_mtime_ns
 
     again = subprocess.run(sweep_command(path, out), capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                           check=False)
+                           env=env, check=False)
     assert again.returncode == 2 and "--resume" in again.stderr  # the directory holds a sweep already
-    resumed = subprocess.run(sweep_command(path, out, "--resume"), capture_output=True, text=True, timeout=300,
-                             cwd=tmp_path, check=False)
+    # Three trials, each starting processes of its own: minutes on a busy machine.
+    resumed = subprocess.run(sweep_command(path, out, "--resume"), capture_output=True, text=True, timeout=480,
+                             cwd=tmp_path, env=env, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 4 and {r["state"] for r in rows} == {"complete"}
