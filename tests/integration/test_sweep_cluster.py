@@ -151,8 +151,10 @@ def run_trial(cluster: ClusterNamespace, learners: Learners, name: str, env_step
     for pod in pods:
         cluster.set_pod_phase(cluster.namespace, pod["metadata"]["name"], "Running")
     learner = learners[name]
-    learner.inc("kuberl_env_steps_total", env_steps)
+    # The return first: the operator scrapes at any moment, and a scrape between the two writes must not
+    # see the new step count beside the gauge's default return (the engine keeps a step's first report).
     learner.set("kuberl_episode_return_mean", mean_return)
+    learner.inc("kuberl_env_steps_total", env_steps)
     wait_until(lambda: ((cluster.get("rltj", name) or {}).get("status") or {}).get("progress", {}).get(
         "envSteps") == env_steps, what=f"{name}'s progress")
 
