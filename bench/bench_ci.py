@@ -8,6 +8,10 @@ phase that scripts/test prints (system packages, venv, images, tests) and of the
     .venv/bin/python bench/bench_ci.py --log ci.log --label warm   # record a run already made
                                                         # (`bash .ci/run > ci.log 2>&1` in a fresh clone)
 
+Each result holds the phase times, the 15 slowest tests (pytest's --durations), the number of test workers,
+and whether the run kept the budget docs/testing.md states: the tests phase of a warm run at most 35
+minutes, a whole cold run at most 60. A label containing "cold" is held to the cold budget.
+
 Debian's packages are not removed by --cold (apt-get remove would touch the machine beyond this
 project): time `apt-get install` of scripts/test's list on a new machine for that phase.
 Results are merged into bench/results/ci.json by label (warm, cold).
@@ -28,6 +32,11 @@ from common import REPO, RESULTS, Bench, load_average
 
 PHASES = re.compile(r"scripts/test: phase times: (.*); whole run: (\d+) s \(exit (\d+)\)")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", re.MULTILINE)
+#: pytest's --durations lines: "123.45s call     tests/e2e/test_x.py::test_y"
+SLOWEST = re.compile(r"^([\d.]+)s (call|setup|teardown) +(\S+)$", re.MULTILINE)
+WORKERS = re.compile(r"^created: (\d+)/\d+ workers", re.MULTILINE)
+#: The budget docs/testing.md states: the tests phase of a warm run, and a whole cold run (a new machine).
+BUDGET_SECONDS = {"warm": {"tests": 35 * 60}, "cold": {"whole run": 60 * 60}}
 
 
 def parse(text: str) -> dict:
@@ -36,8 +45,12 @@ def parse(text: str) -> dict:
         raise SystemExit("no `scripts/test: phase times:` line in the log: did scripts/test run to its end?")
     phases = {name.strip(): int(sec) for name, sec in re.findall(r"([^,:]+): (\d+) s", m[1])}
     summary = SUMMARY.findall(text)
+    workers = WORKERS.findall(text)
     return {"phase_seconds": phases, "scripts_test_seconds": int(m[2]), "exit_code": int(m[3]),
             "pytest_summary": summary[-1] if summary else None,
+            "test_workers": int(workers[-1]) if workers else 1,
+            "slowest": [{"seconds": float(sec), "when": when, "test": test}
+                        for sec, when, test in SLOWEST.findall(text)][:15],
             "failed": re.findall(r"^FAILED (\S+)", text, re.MULTILINE),
             "disk_line": next((x for x in text.splitlines() if x.startswith("scripts/test: disk:")), None)}
 
@@ -92,6 +105,11 @@ def main() -> None:
             entry["disk_gb_added"] = round((shutil.disk_usage("/").used - used_before) / 1e9, 1)
     entry.update(parse(text))
     entry["load_average_after"] = load_average()
+    kind = "cold" if "cold" in label else "warm"
+    seconds = {**entry["phase_seconds"], "whole run": entry["scripts_test_seconds"]}
+    entry["budget"] = {what: {"limit_seconds": limit, "seconds": seconds.get(what),
+                              "within": seconds.get(what) is not None and seconds[what] <= limit}
+                       for what, limit in BUDGET_SECONDS[kind].items()}
     results = bench.previous()
     results.setdefault("runs", {})[label] = entry
     bench.write(results)

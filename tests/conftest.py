@@ -26,6 +26,9 @@ _EXAMPLE = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
 
 
 LAYERS = ("unit", "integration", "e2e")
+#: The order a run starts the layers in: with workers (`pytest -n`, as ./scripts/test runs), the longest
+#: units of work first, so none of them is left to run alone at the end.
+START_ORDER = ("e2e", "integration", "unit")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,6 +36,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.parent.name
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
+        # Under `--dist loadgroup` a module's tests run on one worker, one after another: its module-scoped
+        # fixtures (a cluster bed, a training run several tests read) are made once, and two tests of one
+        # module never race for its namespace or files.
+        item.add_marker(pytest.mark.xdist_group(f"{layer}/{item.path.stem}"))
+    items.sort(key=lambda item: START_ORDER.index(item.path.parent.name)
+               if item.path.parent.name in START_ORDER else len(START_ORDER))
 
 
 @pytest.fixture

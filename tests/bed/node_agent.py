@@ -38,6 +38,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import fcntl
 import http.client
 import http.server
 import ipaddress
@@ -50,6 +51,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -1166,12 +1168,18 @@ def _bytes(quantity: Any) -> int:
 
 
 @contextlib.contextmanager
-def podman_network(podman: Podman, name: str, subnet: str) -> Iterator[str]:
-    """A podman bridge network of the test's own; removed (with anything left on it) at the end."""
+def podman_network(podman: Podman, name: str, seed: int) -> Iterator[str]:
+    """A podman bridge network of the test's own on a /16 no other network uses; yields its subnet, and
+    removes it (with anything left on it) at the end. Picking the subnet and creating the network hold a
+    machine-wide lock: beds started at once (test workers, a benchmark beside the tests) never pick the
+    same free /16."""
     podman("network", "rm", "--force", name, check=False)
-    podman("network", "create", "--subnet", subnet, "--disable-dns", name)
+    with open(pathlib.Path(tempfile.gettempdir()) / "kuberl-podman-networks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subnet = free_subnet(podman, seed)
+        podman("network", "create", "--subnet", subnet, "--disable-dns", name)
     try:
-        yield name
+        yield subnet
     finally:
         podman("network", "rm", "--force", name, check=False)
 

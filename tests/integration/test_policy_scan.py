@@ -7,8 +7,8 @@ with a checkpoint claim. A check we do not follow is skipped by id, with the rea
 per target: the scan must report no failure otherwise, and a skipped check must still fire without
 its skip (a stale skip is removed, not kept).
 
-checkov has many pinned dependencies, so it lives in a virtualenv of its own, `.tools/checkov-venv`
-(gitignored), which the first run installs from PyPI with the pinned version; the project's .venv
+checkov has many pinned dependencies, so it lives in a virtualenv of its own outside the clone,
+`~/.cache/kuberl/tools/checkov-<version>-venv`, which the first run installs from PyPI; the project's .venv
 never sees its packages. A missing checkov skips locally and fails under CI=true (tools.tool_missing).
 """
 
@@ -29,7 +29,7 @@ from pod_security import pod_specs
 from tools import REPO, TOOLS_DIR, helm_binary, tool_missing
 
 CHECKOV = "checkov==3.3.30"
-CHECKOV_VENV = TOOLS_DIR / "checkov-venv"
+CHECKOV_VENV = TOOLS_DIR / f"checkov-{CHECKOV.partition('==')[2]}-venv"
 CHART = REPO / "charts" / "kuberl-operator"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
@@ -107,7 +107,7 @@ JOB_SKIPS = {
 
 
 def checkov_binary() -> Path:
-    """`.tools/checkov-venv/bin/checkov`, installing the pinned checkov there first when it is absent.
+    """`TOOLS_DIR/checkov-<version>-venv/bin/checkov`, installing the pinned checkov there first when it is absent.
 
     The stamp file holds the requirement it was installed for, written last: an interrupted install,
     or a new pin, makes the next run start over. A lock file serialises concurrent first runs.
@@ -115,7 +115,7 @@ def checkov_binary() -> Path:
     exe = CHECKOV_VENV / "bin" / "checkov"
     stamp = CHECKOV_VENV / "kuberl-installed"
     TOOLS_DIR.mkdir(parents=True, exist_ok=True)
-    with open(TOOLS_DIR / "checkov-venv.lock", "w") as lock:
+    with open(CHECKOV_VENV.with_name(CHECKOV_VENV.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if exe.exists() and stamp.exists() and stamp.read_text() == CHECKOV:
             return exe

@@ -105,3 +105,34 @@ def test_the_harness_imports_only_the_standard_library_at_the_top():
     names = {alias.name.split(".")[0] for node in top if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module.split(".")[0] for node in top if isinstance(node, ast.ImportFrom) and node.module}
     assert names - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+def test_the_ci_benchmark_reads_the_phases_the_slowest_tests_and_the_workers_from_a_run():
+    spec = importlib.util.spec_from_file_location("bench_ci", BENCH / "bench_ci.py")
+    sys.path.insert(0, str(BENCH))  # bench_ci imports the harness as `common`, as when it runs
+    try:
+        bench_ci = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench_ci)
+    finally:
+        sys.path.remove(str(BENCH))
+    log = "\n".join([
+        "created: 3/3 workers",
+        "FAILED tests/integration/test_sweep_train.py::test_resume - assert 0 == 130",
+        "============================= slowest 15 durations =============================",
+        "410.50s call     tests/e2e/test_e2e_faults.py::test_ray_head_killed",
+        "30.10s setup    tests/e2e/test_e2e_cluster.py::test_cartpole",
+        "1 failed, 1257 passed, 2 skipped in 3723.09s (1:02:03)",
+        "scripts/test: phase times: system packages: 20 s, venv: 44 s, images: 1126 s, tests: 3729 s; "
+        "whole run: 5291 s (exit 1)",
+    ])
+    parsed = bench_ci.parse(log)
+    assert parsed["phase_seconds"] == {"system packages": 20, "venv": 44, "images": 1126, "tests": 3729}
+    assert (parsed["scripts_test_seconds"], parsed["exit_code"], parsed["test_workers"]) == (5291, 1, 3)
+    assert parsed["pytest_summary"] == "1 failed, 1257 passed, 2 skipped"
+    assert parsed["failed"] == ["tests/integration/test_sweep_train.py::test_resume"]
+    assert parsed["slowest"] == [
+        {"seconds": 410.5, "when": "call", "test": "tests/e2e/test_e2e_faults.py::test_ray_head_killed"},
+        {"seconds": 30.1, "when": "setup", "test": "tests/e2e/test_e2e_cluster.py::test_cartpole"}]
+    # The budget docs/testing.md states: a warm run's tests phase, a cold run's whole command.
+    assert bench_ci.BUDGET_SECONDS == {"warm": {"tests": 35 * 60}, "cold": {"whole run": 60 * 60}}
+    assert "35 minutes" in (REPO / "docs" / "testing.md").read_text()

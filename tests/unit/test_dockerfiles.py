@@ -100,15 +100,20 @@ def test_one_stage_on_a_pinned_base_with_a_wheels_context_and_a_venv_without_pip
     # `FROM scratch AS wheels`: empty unless the build names a wheel directory (--build-context)
     assert froms[0] == ["scratch", "AS", "wheels"], froms
     bases = [f[0] for f in froms[1:]]
-    assert len(bases) == 1, "one stage: the base already carries pip, a build stage would keep nothing out"
-    _image, _, tag = bases[0].partition(":")
-    assert tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), f"{bases[0]}: pin a patch release"
+    # One runtime stage: the base already carries pip, a build stage would keep nothing out. The trainer's
+    # only other stage cuts torch's pins from constraints.txt, on the same base.
+    helpers = [f for f in froms[1:-1]]
+    assert helpers == ([[bases[-1], "AS", "torch-pins"]] if name == "Dockerfile.trainer" else []), froms
+    _image, _, tag = bases[-1].partition(":")
+    assert tag and tag != "latest" and re.search(r"\d+\.\d+\.\d+", tag), f"{bases[-1]}: pin a patch release"
     runtime = final_stage(instructions)
     assert any(i.keyword == "RUN" and "python -m venv --without-pip /opt/kuberl" in i.args for i in runtime), \
         "the runtime venv gets no pip of its own: nothing installs at run time"
     for args in pip_installs(instructions):
-        # every install pinned; from the wheels alone when they are given
-        assert "-c" in args and args[args.index("-c") + 1] == "/opt/kuberl-src/constraints.txt", args
+        # every install pinned (torch's by its own pins); from the wheels alone when they are given
+        pins = "/opt/kuberl-src/torch-constraints.txt" if any(a.startswith("torch==") for a in args) \
+            else "/opt/kuberl-src/constraints.txt"
+        assert "-c" in args and args[args.index("-c") + 1] == pins, args
     for ins in runtime:
         if ins.keyword == "RUN" and "pip install" in ins.args:
             assert "--mount=type=bind,from=wheels,target=/wheels" in ins.args
@@ -119,8 +124,52 @@ def test_torch_has_a_layer_of_its_own_before_the_sources_are_copied():
     runtime = final_stage(parse("Dockerfile.trainer"))
     torch_at = next(k for k, i in enumerate(runtime) if i.keyword == "RUN" and "torch==" in i.args)
     copies = [k for k, i in enumerate(runtime) if i.keyword == "COPY"]
-    assert [i.args for i in runtime if i.keyword == "COPY"][0] == "constraints.txt /opt/kuberl-src/"
+    # Only torch's own pins come before it: a code change, or a pin changed elsewhere, leaves its gigabytes cached.
+    assert [i.args for i in runtime if i.keyword == "COPY"][0] == "--from=torch-pins /torch-constraints.txt " \
+                                                                   "/opt/kuberl-src/"
     assert sum(k < torch_at for k in copies) == 1, "a code change must leave torch's layer (gigabytes) cached"
+
+
+def _requirement_closure(root: str) -> set[str]:
+    """The names of `root` and every package it requires in this venv, extras followed (torch asks for
+    cuda-toolkit's extras, which bring the nvidia-* packages), markers evaluated for this platform."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[tuple[str, str]] = set()
+    todo = [(root, "")]
+    while todo:
+        name, extra = todo.pop()
+        name = canonicalize_name(name)
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        try:
+            reqs = requires(name) or []
+        except PackageNotFoundError:
+            continue
+        for text in reqs:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": extra}):
+                todo += [(req.name, "")] + [(req.name, e) for e in req.extras]
+    return {name for name, _ in seen}
+
+
+def test_the_torch_pins_stage_keeps_the_pin_of_everything_torch_installs():
+    stage = [i for i in parse("Dockerfile.trainer") if i.stage == 1]
+    grep = next(shlex.split(i.args) for i in stage if i.keyword == "RUN")
+    pattern = re.compile(grep[grep.index("-E") + 1], re.IGNORECASE)
+    from packaging.utils import canonicalize_name
+
+    pinned = {canonicalize_name(line.split("==")[0]): line
+              for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line}
+    closure = _requirement_closure("torch")
+    kept = {name for name, line in pinned.items() if pattern.search(line)}
+    # torch's whole closure (as installed here, the CUDA build) is pinned in its layer, and nothing else is.
+    assert closure & set(pinned) <= kept, sorted((closure & set(pinned)) - kept)
+    assert kept <= closure, sorted(kept - closure)
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
