@@ -36,12 +36,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.parent.name
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
-        # Under `--dist loadgroup` a module's tests run on one worker, one after another: its module-scoped
-        # fixtures (a cluster bed, a training run several tests read) are made once, and two tests of one
-        # module never race for its namespace or files.
-        item.add_marker(pytest.mark.xdist_group(f"{layer}/{item.path.stem}"))
     items.sort(key=lambda item: START_ORDER.index(item.path.parent.name)
                if item.path.parent.name in START_ORDER else len(START_ORDER))
+
+
+def work_unit(nodeid: str) -> str:
+    """What one worker runs, one test after another: a test module, so that its module-scoped fixtures (a
+    training run several tests read) are made once and two of its tests never race for its namespace or
+    files; and every end-to-end module together, since each starts a one-node cluster whose pods train,
+    and two such beds at once on a small machine only slow each other down."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/e2e" if path.startswith("tests/e2e/") else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Workers (`pytest -n N`) take whole work units (`work_unit`), in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 @pytest.fixture
