@@ -29,6 +29,14 @@ LAYERS = ("unit", "integration", "e2e")
 #: The order a run starts the layers in: with workers (`pytest -n`, as ./scripts/test runs), the longest
 #: units of work first, so none of them is left to run alone at the end.
 START_ORDER = ("e2e", "integration", "unit")
+#: The longest modules (measured: bench/results/ci.json), started before the rest of their layer.
+LONGEST_FIRST = ("test_e2e_cluster", "test_e2e_faults", "test_e2e_concurrency", "test_e2e_kueue")
+
+
+def _start_key(item: pytest.Item) -> tuple[int, int]:
+    layer, module = item.path.parent.name, item.path.stem
+    return (START_ORDER.index(layer) if layer in START_ORDER else len(START_ORDER),
+            LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,28 +44,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         layer = item.path.parent.name
         if layer in LAYERS:
             item.add_marker(getattr(pytest.mark, layer))
-    items.sort(key=lambda item: START_ORDER.index(item.path.parent.name)
-               if item.path.parent.name in START_ORDER else len(START_ORDER))
+    items.sort(key=_start_key)
 
 
-def work_unit(nodeid: str) -> str:
-    """What one worker runs, one test after another: a test module, so that its module-scoped fixtures (a
-    training run several tests read) are made once and two of its tests never race for its namespace or
-    files; and every end-to-end module together, since each starts a one-node cluster whose pods train,
-    and two such beds at once on a small machine only slow each other down."""
-    path = nodeid.split("::", 1)[0]
-    return "tests/e2e" if path.startswith("tests/e2e/") else path
+#: At most this many end-to-end modules at once (each starts a one-node cluster whose pods train); one while
+#: other work waits, so that the beds never crowd out the rest, and two once only beds are left.
+BEDS_BESIDE_OTHER_WORK, BEDS_AT_THE_END = 1, 2
+
+
+def is_end_to_end(nodeid: str) -> bool:
+    return nodeid.startswith("tests/e2e/")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Workers (`pytest -n N`) take whole work units (`work_unit`), in collection order."""
+    """Workers (`pytest -n N`, as ./scripts/test runs) take whole test modules, so a module's fixtures (a
+    training run several tests read, a cluster bed) are made once and two of its tests never race for its
+    namespace or files. The queue is in collection order (end-to-end modules first), but a worker skips an
+    end-to-end module while the beds allowed at once are running elsewhere."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByWorkUnit(LoadScopeScheduling):
+    class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
+            return nodeid.split("::", 1)[0]
 
-    return ByWorkUnit(config, log)
+        def _assign_work_unit(self, node) -> None:
+            beds = sum(1 for other, units in self.assigned_work.items() if other is not node and any(
+                is_end_to_end(scope) and not all(done.values()) for scope, done in units.items()))
+            others_left = any(not is_end_to_end(scope) for scope in self.workqueue)
+            limit = BEDS_BESIDE_OTHER_WORK if others_left else BEDS_AT_THE_END
+            if beds >= limit:  # take the first module that is not end-to-end
+                first = next((scope for scope in self.workqueue if not is_end_to_end(scope)), None)
+                if first is not None:
+                    self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+    return ByModule(config, log)
 
 
 @pytest.fixture

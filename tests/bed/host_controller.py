@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+from tools import yaml_documents
 
 from .control_plane import ControlPlane
 from .node_agent import wait_until
@@ -90,7 +91,7 @@ class HostController:
         return self.plane.service_account_kubeconfig(namespace, account)
 
     def release_crds(self) -> list[Body]:
-        return [doc for doc in yaml.safe_load_all((self.manifests / "crds.yaml").read_text()) if doc]
+        return yaml_documents((self.manifests / "crds.yaml").read_text())
 
     def apply_crds(self, crds: list[Body]) -> None:
         """Server-side (they are too big for a client-side apply's annotation), then each Established."""

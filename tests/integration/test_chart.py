@@ -21,7 +21,7 @@ from kuberl.api import crd as crd_module
 from kuberl.operator import names, rbac
 from kubernetes_validate.utils import latest_version
 from pod_security import assert_restricted, pod_specs
-from tools import REPO, helm_binary
+from tools import REPO, helm_binary, yaml_documents
 
 CHART = REPO / "charts" / "kuberl-operator"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -53,7 +53,7 @@ def render(*args: str, values: Path | None = None, namespace: str = NAMESPACE) -
         cmd += ["--values", str(values)]
     result = _helm(*cmd)
     assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return yaml_documents(result.stdout)
 
 
 def by_kind(manifests: list[dict], kind: str) -> list[dict]:

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from conftest import job_pods
 from pod_security import pod_specs
-from tools import REPO, TOOLS_DIR, helm_binary, tool_missing
+from tools import REPO, TOOLS_DIR, helm_binary, tool_missing, yaml_documents
 
 CHECKOV = "checkov==3.3.30"
 CHECKOV_VENV = TOOLS_DIR / f"checkov-{CHECKOV.partition('==')[2]}-venv"
@@ -176,7 +176,7 @@ def write_chart(directory: Path) -> int:
              "--include-crds", "--values", str(values)],
             capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, result.stderr
-        count += resource_count([doc for doc in yaml.safe_load_all(result.stdout) if doc])
+        count += resource_count(yaml_documents(result.stdout))
         (directory / values.name).write_text(result.stdout)
     return count
 
