@@ -72,10 +72,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                 is_end_to_end(scope) and not all(done.values()) for scope, done in units.items()))
             others_left = any(not is_end_to_end(scope) for scope in self.workqueue)
             limit = BEDS_BESIDE_OTHER_WORK if others_left else BEDS_AT_THE_END
-            if beds >= limit:  # take the first module that is not end-to-end
+            if beds >= limit:
                 first = next((scope for scope in self.workqueue if not is_end_to_end(scope)), None)
-                if first is not None:
-                    self.workqueue.move_to_end(first, last=False)
+                if first is None:
+                    # Only beds are left and enough run: this worker is done, the bed workers take the rest.
+                    node.shutdown()
+                    return
+                self.workqueue.move_to_end(first, last=False)  # take the first module that is not end-to-end
             super()._assign_work_unit(node)
 
     return ByModule(config, log)
