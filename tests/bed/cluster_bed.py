@@ -19,7 +19,6 @@ provisions (a directory of the node's), as a cluster's default StorageClass woul
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import json
 import os
@@ -34,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import yaml
+from tools import file_lock
 
 from .control_plane import ADMIN, ControlPlane
 from .kueue import Kueue
@@ -60,10 +60,7 @@ def ensure_images(force: bool = False) -> dict[str, float]:
     cmd = [str(REPO / "scripts" / "build-images")] + (["--force"] if force else [])
     # One build at a time on this machine: test workers starting their beds together would otherwise
     # build the same images side by side. A second caller finds them up to date and returns at once.
-    lock_path = REPO / ".cache" / "build-images.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(REPO / ".cache" / "build-images.lock"):
         result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"scripts/build-images failed ({result.returncode}):\n{result.stdout[-3000:]}\n"

@@ -38,7 +38,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
-import fcntl
 import http.client
 import http.server
 import ipaddress
@@ -60,6 +59,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tools import file_lock
 
 from kuberl.api.kube import parse_quantity
 
@@ -1174,8 +1175,7 @@ def podman_network(podman: Podman, name: str, seed: int) -> Iterator[str]:
     machine-wide lock: beds started at once (test workers, a benchmark beside the tests) never pick the
     same free /16."""
     podman("network", "rm", "--force", name, check=False)
-    with open(pathlib.Path(tempfile.gettempdir()) / "kuberl-podman-networks.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(pathlib.Path(tempfile.gettempdir()) / "kuberl-podman-networks.lock"):
         subnet = free_subnet(podman, seed)
         podman("network", "create", "--subnet", subnet, "--disable-dns", name)
     try:

@@ -15,7 +15,6 @@ never sees its packages. A missing checkov skips locally and fails under CI=true
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ import pytest
 import yaml
 from conftest import job_pods
 from pod_security import pod_specs
-from tools import REPO, TOOLS_DIR, helm_binary, tool_missing, yaml_documents
+from tools import REPO, TOOLS_DIR, file_lock, helm_binary, tool_missing, yaml_documents
 
 CHECKOV = "checkov==3.3.30"
 CHECKOV_VENV = TOOLS_DIR / f"checkov-{CHECKOV.partition('==')[2]}-venv"
@@ -107,16 +106,14 @@ JOB_SKIPS = {
 
 
 def checkov_binary() -> Path:
-    """`TOOLS_DIR/checkov-<version>-venv/bin/checkov`, installing the pinned checkov there first when it is absent.
+    """`TOOLS_DIR/checkov-<version>-venv/bin/checkov`, installing the pinned checkov there first when absent.
 
     The stamp file holds the requirement it was installed for, written last: an interrupted install,
     or a new pin, makes the next run start over. A lock file serialises concurrent first runs.
     """
     exe = CHECKOV_VENV / "bin" / "checkov"
     stamp = CHECKOV_VENV / "kuberl-installed"
-    TOOLS_DIR.mkdir(parents=True, exist_ok=True)
-    with open(CHECKOV_VENV.with_name(CHECKOV_VENV.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(CHECKOV_VENV.with_name(CHECKOV_VENV.name + ".lock")):
         if exe.exists() and stamp.exists() and stamp.read_text() == CHECKOV:
             return exe
         shutil.rmtree(CHECKOV_VENV, ignore_errors=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from tools import CACHE_DIR
 
 SCRIPT = REPO / "scripts" / "build-control-plane"
 TEXT = SCRIPT.read_text()
@@ -197,8 +198,7 @@ def test_the_wrapper_replaces_every_module_kk_requires_at_v0_0_0(tmp_path):
 
 
 def _cache() -> Path:
-    return Path(os.environ.get("KUBERL_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                / "kuberl")
+    return CACHE_DIR
 
 
 def test_the_wrapper_for_the_pinned_release_covers_its_real_go_mod(tmp_path):

@@ -8,7 +8,7 @@ import sys
 
 import yaml
 from conftest import REPO
-from tools import TOOLS_DIR
+from tools import CACHE_DIR
 
 CODE = ["operator", "trainer"]
 
@@ -28,7 +28,7 @@ def test_mypy_finds_nothing_in_the_job_model_and_the_operator():
 
     # Incremental, with its cache outside the clone under mypy's version: a fresh clone (CI's) re-checks only
     # what changed since the last run instead of every module of pydantic and the Kubernetes client again.
-    cache = TOOLS_DIR.parent / f"mypy-{version('mypy')}-cache"
+    cache = CACHE_DIR / f"mypy-{version('mypy')}-cache"
     result = _run("mypy", "--cache-dir", str(cache))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "operator/kuberl/api" in (REPO / "pyproject.toml").read_text()
