@@ -47,9 +47,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_start_key)
 
 
-#: At most this many end-to-end modules at once (each starts a one-node cluster whose pods train); one while
-#: other work waits, so that the beds never crowd out the rest, and two once only beds are left.
-BEDS_BESIDE_OTHER_WORK, BEDS_AT_THE_END = 1, 2
+#: At most one end-to-end module at a time: each starts a one-node cluster whose pods train, and two of
+#: them on two cores starved each other's pods past what the operator tolerates (a Ray head that exited,
+#: a gang restarted in a new epoch) and past the tests' waits.
+BEDS_AT_ONCE = 1
 
 
 def is_end_to_end(nodeid: str) -> bool:
@@ -60,7 +61,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Workers (`pytest -n N`, as ./scripts/test runs) take whole test modules, so a module's fixtures (a
     training run several tests read, a cluster bed) are made once and two of its tests never race for its
     namespace or files. The queue is in collection order (end-to-end modules first), but a worker skips an
-    end-to-end module while the beds allowed at once are running elsewhere."""
+    end-to-end module while a bed runs elsewhere."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
@@ -70,12 +71,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _assign_work_unit(self, node) -> None:
             beds = sum(1 for other, units in self.assigned_work.items() if other is not node and any(
                 is_end_to_end(scope) and not all(done.values()) for scope, done in units.items()))
-            others_left = any(not is_end_to_end(scope) for scope in self.workqueue)
-            limit = BEDS_BESIDE_OTHER_WORK if others_left else BEDS_AT_THE_END
-            if beds >= limit:
+            if beds >= BEDS_AT_ONCE:
                 first = next((scope for scope in self.workqueue if not is_end_to_end(scope)), None)
                 if first is None:
-                    # Only beds are left and enough run: this worker is done, the bed workers take the rest.
+                    # Only beds are left and one runs: this worker is done, the bed's worker takes the rest.
                     node.shutdown()
                     return
                 self.workqueue.move_to_end(first, last=False)  # take the first module that is not end-to-end

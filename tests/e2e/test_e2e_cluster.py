@@ -412,8 +412,10 @@ def test_an_image_that_does_not_exist_says_so_then_fails_at_the_startup_deadline
     assert status["message"].startswith("the job was not Running within startupDeadlineSeconds (30 s)"), status
     assert "ImagePull" in status["message"], status
     wait_until(lambda: not job_pods(bed, "no-image"), 60, 0.2, "the pods of no-image to be deleted")
-    reasons = [e["reason"] for e in job_events(bed, "no-image")]
-    assert "StartupDeadlineExceeded" in reasons and ({"ErrImagePull", "ImagePullBackOff"} & set(reasons)), reasons
+    # kopf posts Events from a queue of its own, so they may land after the status that caused them.
+    reasons = wait_until(lambda: (r := [e["reason"] for e in job_events(bed, "no-image")]) and
+                         "StartupDeadlineExceeded" in r and r, 60, 0.2, "the StartupDeadlineExceeded Event")
+    assert {"ErrImagePull", "ImagePullBackOff"} & set(reasons), reasons
     delete_and_check_nothing_left(bed, "no-image")
 
 
@@ -429,8 +431,11 @@ def test_a_learner_that_exits_at_once_shows_its_last_log_lines(bed):
     assert "container learner exited with code 1" in status["message"], status
     # The learner's last log line, from its termination message (FallbackToLogsOnError).
     assert "error: spec.learner.device is cuda but torch sees no CUDA device" in status["message"], status
-    events = {e["reason"]: e["message"] for e in job_events(bed, "no-gpu")}
-    assert "sees no CUDA device" in events["BackoffLimitExceeded"], events
+    # The Event comes from kopf's own queue, possibly after the status.
+    event = wait_until(lambda: next((e["message"] for e in job_events(bed, "no-gpu")
+                                     if e["reason"] == "BackoffLimitExceeded"), None), 60, 0.2,
+                       "the BackoffLimitExceeded Event")
+    assert "sees no CUDA device" in event, event
     delete_and_check_nothing_left(bed, "no-gpu")
 
 

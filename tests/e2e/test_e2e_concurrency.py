@@ -48,6 +48,8 @@ def small_job(name: str, max_env_steps: int) -> list[dict]:
 
 
 @pytest.mark.slow
+# Three jobs' twelve pods on two cores: each `kubectl wait` below may take up to its own 600 s.
+@pytest.mark.timeout(3 * 630 + 300)
 def test_three_real_jobs_at_once_each_with_its_own_status_metrics_and_checkpoints(bed):
     # Different lengths, so that a counter read from the wrong job's learner would show.
     jobs = {"many-a": 40_000, "many-b": 60_000, "many-c": 80_000}

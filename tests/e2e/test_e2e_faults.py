@@ -45,6 +45,8 @@ MAX_RATE = 2 * 8 / STEP_SECONDS
 #: Long enough (>= 25 s) for a fault right after the first checkpoint or two, each 5 s apart; a test
 #: whose sequence takes longer before the job may finish asks for more (fault_job's spec_changes).
 MAX_ENV_STEPS = 80_000
+#: A wait on the job gives up after this many times its stall limit even while the job moves.
+STALLS_AT_MOST = 4
 
 pytestmark = [pytest.mark.slow]
 
@@ -130,6 +132,9 @@ class Observer:
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        #: When the job last moved: a new metrics row, or a change of its phase, counters, workers or pods.
+        self.changed_at = time.monotonic()
+        self._state: tuple = ()
         self._stop = threading.Event()
         self._offset = 0
         self._partial = ""
@@ -157,10 +162,12 @@ class Observer:
             name = pod["metadata"]["name"]
             seen[name] = seen.get(name, 0) + 1
         self.duplicates += [f"{n} x{c}" for n, c in seen.items() if c > 1]
-        self.samples.append(Sample(now, status.get("phase", ""), int(progress.get("envSteps") or 0),
-                                   int(progress.get("episodes") or 0), status.get("workers", ""),
-                                   conditions.get("Degraded") == "True",
-                                   {p["metadata"]["name"]: p["metadata"]["uid"] for p in live}))
+        sample = Sample(now, status.get("phase", ""), int(progress.get("envSteps") or 0),
+                        int(progress.get("episodes") or 0), status.get("workers", ""),
+                        conditions.get("Degraded") == "True",
+                        {p["metadata"]["name"]: p["metadata"]["uid"] for p in live})
+        self.samples.append(sample)
+        rows_before = len(self.rows)
         path = self.run_dir / "metrics.jsonl"
         if path.exists():
             with path.open() as f:
@@ -170,6 +177,10 @@ class Observer:
             text = self._partial + text
             *lines, self._partial = text.split("\n")
             self.rows += [Row(now, json.loads(line)) for line in lines if line.strip()]
+        state = (sample.phase, sample.env_steps, sample.workers, sample.degraded, tuple(sorted(sample.pods.values())),
+                 tuple(p["status"].get("phase", "") for p in live if p.get("status")))
+        if state != self._state or len(self.rows) > rows_before:
+            self._state, self.changed_at = state, now
 
     def stop(self) -> None:
         self._stop.set()
@@ -184,8 +195,23 @@ class Observer:
 
     def wait_row(self, predicate, timeout: float, what: str, after: int = 0) -> dict[str, Any]:
         """The first metrics row (from row number `after` on) that `predicate` accepts."""
-        return wait_until(lambda: next((r.data for r in self.rows[after:] if predicate(r.data)), None),
-                          timeout, 0.2, what)
+        return self.wait_moving(lambda: next((r.data for r in self.rows[after:] if predicate(r.data)), None),
+                                timeout, what)
+
+    def wait_moving(self, predicate, stalled: float, what: str) -> Any:
+        """`predicate`'s first true value. It fails once the job has not moved (`changed_at`) for `stalled`
+        seconds, or after STALLS_AT_MOST stalls' worth of time: a machine busy with other work only slows
+        the job down, which is no fault of the job's; a job that stopped moving fails the test as before."""
+        start = time.monotonic()
+        while True:
+            value = predicate()
+            if value:
+                return value
+            now = time.monotonic()
+            if now - max(self.changed_at, start) > stalled or now - start > STALLS_AT_MOST * stalled:
+                raise AssertionError(f"{what} not reached: the job did not move for "
+                                     f"{now - max(self.changed_at, start):.0f} s ({now - start:.0f} s in all)")
+            time.sleep(0.2)
 
     def segments(self) -> list[list[Row]]:
         """metrics.jsonl split where a learner started over from a checkpoint (the iteration went back)."""
@@ -313,8 +339,8 @@ class Fault:
                                  f"{self.name}: the learner past {min_env_steps} env steps with 2 workers")
 
     def wait_checkpoint(self, count: int = 1, timeout: float = 240) -> list[Path]:
-        return wait_until(lambda: len(checkpoints(self.run_dir)) >= count and checkpoints(self.run_dir), timeout,
-                          0.2, f"{self.name}: {count} checkpoint(s) on the claim")
+        return self.obs.wait_moving(lambda: len(checkpoints(self.run_dir)) >= count and checkpoints(self.run_dir),
+                                    timeout, f"{self.name}: {count} checkpoint(s) on the claim")
 
     def mark(self) -> None:
         self.fault_at = time.monotonic()

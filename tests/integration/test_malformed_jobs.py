@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bed.node_agent import wait_until
 from bed.real_cluster import ApiError, ClusterNamespace
 from conftest import REPO
 
@@ -159,7 +160,9 @@ def test_the_server_or_the_operator_refuses_the_malformed_job_before_any_child_e
         # Every status the job ever had was Failed: it never went through Pending or Starting.
         phases = {(version.get("status") or {}).get("phase") for version in cluster.history("rltj", name) if version}
         assert phases <= {None, "Failed"}
-        assert "InvalidSpec" in [e["reason"] for e in cluster.events(involved_name=name)]
+        # kopf posts Events from a queue of its own, so the Event may land after the Failed status.
+        wait_until(lambda: "InvalidSpec" in [e["reason"] for e in cluster.events(involved_name=name)], 60, 0.2,
+                   f"the InvalidSpec Event of {name}")
     # Nothing was created for it, or for any other malformed job: not a pod, Service or NetworkPolicy.
     created = [e["requestURI"] for e in cluster.requests()
                if e["verb"] == "create" and e["objectRef"]["resource"] in ("pods", "services", "networkpolicies")]
