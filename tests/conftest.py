@@ -57,6 +57,7 @@ def is_end_to_end(nodeid: str) -> bool:
     return nodeid.startswith("tests/e2e/")
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without workers (`-p no:xdist`) has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Workers (`pytest -n N`, as ./scripts/test runs) take whole test modules, so a module's fixtures (a
     training run several tests read, a cluster bed) are made once and two of its tests never race for its

@@ -416,10 +416,33 @@ def test_metrics_service_selects_the_operator_pod_on_its_metrics_port():
     assert annotations["prometheus.io/port"] == str(container_ports["metrics"])
 
 
+def dashboards(manifests: list[dict]) -> list[dict]:
+    """The ConfigMaps that carry a Grafana dashboard (the admission policy's tenancy ConfigMap does not)."""
+    return [m for m in by_kind(manifests, "ConfigMap") if "kuberl.json" in (m.get("data") or {})]
+
+
 def test_monitors_and_dashboard_are_off_by_default():
-    kinds = {m["kind"] for m in render()}
-    assert not kinds & MONITORING_KINDS
-    assert "ConfigMap" not in kinds
+    manifests = render()
+    assert not {m["kind"] for m in manifests} & MONITORING_KINDS
+    assert dashboards(manifests) == []
+
+
+def test_the_admission_policy_is_on_by_default_from_kubernetes_1_30_and_reads_the_tenancy_values():
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    manifests = render("--kube-version", "1.30.0", "--set-json",
+                       'tenancy.namespaces={"team-a": {"podSecurity": "baseline", "serviceAccounts": ["s3", "ci"]}}')
+    policy, binding = one(manifests, kinds[0]), one(manifests, kinds[1])
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    params = next(m for m in by_kind(manifests, "ConfigMap") if m["metadata"]["name"] == binding["spec"]["paramRef"]["name"])
+    assert params["metadata"]["namespace"] == binding["spec"]["paramRef"]["namespace"] == NAMESPACE
+    assert params["data"] == {"team-a.podSecurity": "baseline", "team-a.serviceAccounts": "s3,ci"}
+    assert policy["spec"]["matchConstraints"]["objectSelector"]["matchExpressions"] == [
+        {"key": "kuberl.dev/job-name", "operator": "Exists"}]
+    for args in (("--kube-version", "1.29.0"), ("--kube-version", "1.33.0", "--set", "admissionPolicy.enabled=false")):
+        rendered = render(*args)
+        assert not {m["kind"] for m in rendered} & set(kinds), args
+        assert not [m for m in by_kind(rendered, "ConfigMap") if m["metadata"]["name"].endswith("-tenancy")], args
 
 
 def test_service_monitor_selects_the_operator_metrics_service():
@@ -482,12 +505,12 @@ def test_dashboard_configmap_ships_the_repo_dashboard_with_the_sidecar_label():
     assert (CHART / "dashboards" / "kuberl.json").read_text() == source, (
         "the chart's dashboard copy differs: cp dashboards/kuberl.json charts/kuberl-operator/dashboards/"
     )
-    default = one(render("--set", "dashboards.enabled=true"), "ConfigMap")
+    (default,) = dashboards(render("--set", "dashboards.enabled=true"))
     assert default["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert default["metadata"]["namespace"] == NAMESPACE
     assert json.loads(default["data"]["kuberl.json"]) == json.loads(source)
 
-    custom = one(render(values=CHART / "ci" / "all-on-values.yaml"), "ConfigMap")
+    (custom,) = dashboards(render(values=CHART / "ci" / "all-on-values.yaml"))
     assert custom["metadata"]["labels"]["grafana_dashboard_custom"] == "kuberl"
     assert "grafana_dashboard" not in custom["metadata"]["labels"]
     assert custom["metadata"]["namespace"] == "monitoring"

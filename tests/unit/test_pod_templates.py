@@ -179,6 +179,43 @@ def test_an_override_of_an_owned_field_is_refused_naming_it(job_dict, role, temp
     assert any(p == path and says in m for p, m in found), found
 
 
+#: Spellings of a mount that lands on, inside or above a path the operator mounts, and which one it hits.
+SHADOWING_MOUNTS = [
+    ("/tmp", "is /tmp"), ("/tmp/", "is /tmp"), ("//tmp", "is /tmp"), ("///tmp//", "is /tmp"), ("/tmp/.", "is /tmp"),
+    ("tmp", "is /tmp"), ("/etc/kuberl/job/", "is /etc/kuberl/job"), ("/etc/kuberl/./job", "is /etc/kuberl/job"),
+    ("/etc/../etc/kuberl/job", "is /etc/kuberl/job"), ("//dev/shm/", "is /dev/shm"),
+    ("/etc/kuberl/job/x", "is inside /etc/kuberl/job"), ("/checkpoints/run-1", "is inside /checkpoints"),
+    ("/etc/kuberl", "is above /etc/kuberl/preferences and would hide it"),
+    ("/etc/kuberl/", "is above /etc/kuberl/preferences and would hide it"),
+    ("/dev", "is above /dev/shm and would hide it"), ("/", "is above /tmp and would hide it"),
+    ("//", "is above /tmp and would hide it"),
+]
+
+
+@pytest.mark.parametrize("mount_path, says", SHADOWING_MOUNTS, ids=[m[0] for m in SHADOWING_MOUNTS])
+def test_a_mount_is_compared_where_it_lands_not_as_it_is_spelled(job_dict, mount_path, says):
+    template = {"spec": {"containers": [{"name": "learner", "volumeMounts": [{"name": "v", "mountPath": mount_path}],
+                                         "volumeDevices": [{"name": "d", "devicePath": mount_path}]}],
+                         "volumes": [{"name": "v", "emptyDir": {}},
+                                     {"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}]}}
+    found = dict(problems_of(job_dict, "learner", template))
+    for field in ("volumeMounts[0].mountPath", "volumeDevices[0].devicePath"):
+        message = found.pop(f"spec.learner.template.spec.containers[0].{field}")
+        assert message.startswith(f"{mount_path!r} {says}, mounted by the operator"), message
+        assert "neither at, inside nor above any of /tmp, /dev/shm, /checkpoints" in message
+    assert not found
+
+
+@pytest.mark.parametrize("mount_path", ["/tmpdata", "/tmp-2", "/data/tmp", "/etc/kuberl-extra", "/etc/kuberl/jobs",
+                                        "/devices", "/checkpoints2", "/opt/etc/kuberl/job"])
+def test_a_mount_beside_an_owned_path_is_the_tenants(job_dict, mount_path):
+    job_with(job_dict, "learner", {"spec": {
+        "containers": [{"name": "learner", "volumeMounts": [{"name": "v", "mountPath": mount_path}]},
+                       # A sidecar's filesystem is its own: the operator mounts nothing there.
+                       {"name": "side", "image": "busybox:1.36", "volumeMounts": [{"name": "v", "mountPath": "/tmp"}]}],
+        "volumes": [{"name": "v", "emptyDir": {}}]}})
+
+
 def test_kuberl_validate_reports_a_template_problem_with_its_line(tmp_path):
     import subprocess
     import sys

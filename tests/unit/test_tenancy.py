@@ -11,8 +11,8 @@ import sys
 
 import pytest
 import yaml
-from conftest import job_pods
-from kuberl.api import pod_security, pod_template
+from conftest import REPO, job_pods
+from kuberl.api import cloud_identity, pod_security, pod_template
 from kuberl.api.load import parse_job
 from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, InvalidJob
 from kuberl.api.tenancy import Allowance, Tenancy, operator_pod
@@ -75,6 +75,30 @@ HOSTILE = [
     ("a projected token", lambda r: {"spec": {"volumes": [{"name": "tok", "projected": {"sources": [
         {"serviceAccountToken": {"path": "token"}}]}}]}},
      "spec.volumes[0].projected.sources[0].serviceAccountToken", None),
+    ("a legacy token Secret as a volume", lambda r: {"spec": {"volumes": [
+        {"name": "tok", "secret": {"secretName": "default-token-x7k2p"}}]}}, "spec.volumes[0].secret.secretName", None),
+    ("a legacy token Secret projected", lambda r: {"spec": {"volumes": [{"name": "tok", "projected": {"sources": [
+        {"secret": {"name": "builder-token-4bq9z"}}]}}]}},
+     "spec.volumes[0].projected.sources[0].secret.name", None),
+    ("a legacy token Secret in env", lambda r: {"spec": {"containers": [{**SIDE, "env": [
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "default-token-x7k2p", "key": "token"}}}]}]}},
+     "spec.containers[0].env[0].valueFrom.secretKeyRef.name", None),
+    ("a legacy token Secret as envFrom", lambda r: {"spec": {"initContainers": [
+        {**SIDE, "name": "setup", "envFrom": [{"secretRef": {"name": "ci.bot-token-zz2m7"}}]}]}},
+     "spec.initContainers[0].envFrom[0].secretRef.name", None),
+    ("Azure Workload Identity", lambda r: {"metadata": {"labels": {"azure.workload.identity/use": "true"}}},
+     "metadata.labels.azure.workload.identity/use", None),
+    ("Azure Workload Identity's client id", lambda r: {"metadata": {"annotations": {
+        "azure.workload.identity/client-id": "00000000-0000-0000-0000-000000000000"}}},
+     "metadata.annotations.azure.workload.identity/client-id", None),
+    ("AAD Pod Identity", lambda r: {"metadata": {"labels": {"aadpodidbinding": "admin"}}},
+     "metadata.labels.aadpodidbinding", None),
+    ("kube2iam or kiam", lambda r: {"metadata": {"annotations": {"iam.amazonaws.com/role": "admin"}}},
+     "metadata.annotations.iam.amazonaws.com/role", None),
+    ("EKS IRSA", lambda r: {"metadata": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}}},
+     "metadata.annotations.eks.amazonaws.com/role-arn", None),
+    ("GKE Workload Identity", lambda r: {"metadata": {"annotations": {"iam.gke.io/gcp-service-account": "a@b.iam"}}},
+     "metadata.annotations.iam.gke.io/gcp-service-account", None),
 ]
 LEVELS_UP = {"baseline": ("baseline", "privileged"), "privileged": ("privileged",), None: ()}
 
@@ -134,6 +158,67 @@ def test_a_service_account_and_its_token_only_where_the_platform_team_named_it(j
         "spec": {"serviceAccountName": "trainer-s3"}}), tenancy=Tenancy({NS: Allowance(
             service_accounts=frozenset({"trainer-s3"}))})), BuildOptions())
     assert pod["spec"]["serviceAccountName"] == "trainer-s3" and pod["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("name", ["api-token", "tracking-token-key", "db-token-abcde", "token-x7k2p", "-token-x7k2p",
+                                  "default-token-x7k2p-old", "registry"])
+def test_a_secret_not_named_like_a_token_secret_is_the_namespaces_business(job_dict, name):
+    template = {"spec": {"volumes": [{"name": "s", "secret": {"secretName": name}}]}}
+    parse_job(_with_template(job_dict, "learner", template), tenancy=Tenancy())
+
+
+def test_a_token_secret_only_of_an_account_the_platform_team_named(job_dict):
+    template = {"spec": {"volumes": [{"name": "a", "secret": {"secretName": "trainer-s3-token-x7k2p"}},
+                                     {"name": "b", "secret": {"secretName": "default-token-x7k2p"}}]}}
+    job = _with_template(job_dict, "learner", template)
+    with pytest.raises(InvalidJob) as err:
+        parse_job(job, tenancy=Tenancy())
+    first, second = err.value.problems
+    assert first.path == "spec.learner.template.spec.volumes[0].secret.secretName"
+    assert ("'trainer-s3-token-x7k2p' is named as Kubernetes names the token Secret of ServiceAccount 'trainer-s3'"
+            in first.message and "none is allowed here" in first.message and "tenancy.namespaces" in first.message)
+    assert second.path == "spec.learner.template.spec.volumes[1].secret.secretName"
+    # The account's own token Secret is as much as running as the account, which it allows.
+    assert _refusals(job, Tenancy({NS: Allowance(service_accounts=frozenset({"trainer-s3"}))})) == [
+        "spec.learner.template.spec.volumes[1].secret.secretName"]
+
+
+def test_an_identity_key_only_as_far_as_the_platform_team_allowed_it(job_dict):
+    template = {"metadata": {"labels": {"azure.workload.identity/use": "true", "AADPodIdBinding": "x"},
+                             "annotations": {"azure.workload.identity/client-id": "id", "team": "rl"}}}
+    job = _with_template(job_dict, "learner", template)
+    refused = ["spec.learner.template.metadata.labels.azure.workload.identity/use",
+               "spec.learner.template.metadata.labels.AADPodIdBinding",
+               "spec.learner.template.metadata.annotations.azure.workload.identity/client-id"]
+    with pytest.raises(InvalidJob) as err:
+        parse_job(job, tenancy=Tenancy())
+    assert [p.path for p in err.value.problems] == refused
+    assert "asks Azure Workload Identity for cloud credentials" in err.value.problems[0].message
+    assert "identityKeys, none is allowed here" in err.value.problems[0].message
+    assert _refusals(job, Tenancy({NS: Allowance(identity_keys=frozenset({"azure.workload.identity/use"}))})) == \
+        refused[1:]
+    assert _refusals(job, Tenancy({NS: Allowance(identity_keys=frozenset({"azure.workload.identity/"}))})) == \
+        [refused[1]]
+    parse_job(job, tenancy=Tenancy({NS: Allowance(identity_keys=frozenset({"azure.workload.identity/",
+                                                                           "aadpodidbinding"}))}))
+
+
+def test_the_platform_team_allows_identity_keys_in_the_chart_values():
+    tenancy = Tenancy.from_json(json.dumps({NS: {"serviceAccounts": ["trainer"],
+                                                 "identityKeys": ["azure.workload.identity/use", "iam.gke.io/"]}}))
+    assert tenancy.allowance(NS) == Allowance(service_accounts=frozenset({"trainer"}), identity_keys=frozenset(
+        {"azure.workload.identity/use", "iam.gke.io/"}))
+    for bad in (["team.example/identity"], "aadpodidbinding", [3]):
+        with pytest.raises(ValueError, match=f"tenancy.namespaces.{NS}.identityKeys: .* under one of azure"):
+            Tenancy.from_json(json.dumps({NS: {"identityKeys": bad}}))
+    with pytest.raises(ValueError, match="give any of podSecurity, serviceAccounts, identityKeys, nothing else"):
+        Tenancy.from_json(json.dumps({NS: {"identityKey": ["aadpodidbinding"]}}))
+
+
+def test_the_security_page_names_every_identity_key():
+    page = (REPO / "docs" / "security.md").read_text()
+    for key in cloud_identity.IDENTITY_KEYS:
+        assert f"`{key}" in page, key
 
 
 def test_no_job_runs_in_the_operators_own_namespace(job_dict):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 from typing import Any
 
 from kuberl.api import pod_schema
@@ -65,6 +66,8 @@ OWNED_CONTAINER_FIELDS = ("command", "args", "image", "ports", "resources", "rea
                           "startupProbe", "terminationMessagePath", "terminationMessagePolicy")
 #: Volumes the operator adds (scratch /tmp, Ray's /dev/shm, the checkpoint volume) and where it mounts them.
 #: `preferences` is BDQ's preference.configMap (job.PREFERENCE_CONFIGMAP_MOUNT); `job-spec` the learner's job.
+#: A mount of the role's own container is compared as the path it resolves to (`mount_point`), and refused
+#: at, inside or above one of these: inside would cover part of it, above would hide all of it.
 OWNED_VOLUMES = ("tmp", "shm", "checkpoints", "preferences", "job-spec")
 OWNED_MOUNT_PATHS = ("/tmp", "/dev/shm", "/checkpoints", "/etc/kuberl/preferences", "/etc/kuberl/job")
 #: Environment of the role's own container: the job, the Ray address and the job's Ray token.
@@ -180,11 +183,37 @@ def _owned_in_main(container: dict[str, Any], where: tuple, role: str) -> list[t
         if env["name"] in OWNED_ENV or env["name"].startswith(OWNED_ENV_PREFIX):
             out.append(((*where, "env", i, "name"), (f"{env['name']!r} is set by the operator (KUBERL_* and "
                                                      f"{', '.join(OWNED_ENV)} are its own)")))
-    for i, mount in enumerate(container.get("volumeMounts") or []):
-        if mount["mountPath"] in OWNED_MOUNT_PATHS:
-            out.append(((*where, "volumeMounts", i, "mountPath"),
-                        f"{mount['mountPath']!r} is mounted by the operator ({', '.join(OWNED_MOUNT_PATHS)})"))
+    # A raw block device takes its path in the container's filesystem as a mount does.
+    for field, path_field in (("volumeMounts", "mountPath"), ("volumeDevices", "devicePath")):
+        for i, mount in enumerate(container.get(field) or []):
+            clash = _owned_mount_clash(mount[path_field])
+            if clash:
+                out.append(((*where, field, i, path_field), clash))
     return out
+
+
+def mount_point(path: str) -> str:
+    """Where a mount at `path` lands in the container: `/tmp/`, `//tmp`, `/tmp/.`, `/x/../tmp` and `tmp` are
+    all `/tmp` to the runtime. normpath alone would keep a leading `//` (POSIX leaves its meaning to the
+    system; Linux reads it as `/`), so the slashes are stripped and one put back."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def _owned_mount_clash(path: str) -> str | None:
+    """Why a mount of the role's own container at `path` would take an owned mount's place; None if not."""
+    point = mount_point(path)
+    for owned in OWNED_MOUNT_PATHS:
+        if point == owned:
+            where = f"is {owned}"
+        elif point.startswith(owned + "/"):
+            where = f"is inside {owned}"
+        elif owned.startswith(point.rstrip("/") + "/"):
+            where = f"is above {owned} and would hide it"
+        else:
+            continue
+        return (f"{path!r} {where}, mounted by the operator; mount yours at a path that is neither at, inside "
+                f"nor above any of {', '.join(OWNED_MOUNT_PATHS)}")
+    return None
 
 
 # ---- merging ------------------------------------------------------------------------------------

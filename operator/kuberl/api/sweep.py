@@ -26,6 +26,7 @@ from kuberl.api import load
 from kuberl.api.kube import JOB_NAME_MAX_LENGTH
 from kuberl.api.problems import InvalidJob, Problem
 from kuberl.api.rules import Rule
+from kuberl.api.tenancy import Tenancy
 
 KIND = "RLSweep"
 PLURAL = "rlsweeps"
@@ -37,6 +38,15 @@ SWEEP_NAME_MAX_LENGTH = JOB_NAME_MAX_LENGTH - TRIAL_SUFFIX_LENGTH
 MAX_TRIALS = 1000
 #: A grid's points, and a list's values, for one parameter.
 MAX_VALUES = 100
+
+
+def _most(model: type[BaseModel], field: str) -> int:
+    return next(item.le for item in model.model_fields[field].metadata if getattr(item, "le", None) is not None)
+
+
+#: The most pods one sweep may have at once: as many as the largest single job (its head, the most learners
+#: and the most rollout workers), so that a sweep's parallelism cannot multiply what one job may ask for.
+MAX_SWEEP_PODS = 1 + _most(m.LearnerSpec, "replicas") + _most(m.RolloutWorkersSpec, "replicas")
 
 
 class InvalidSweep(InvalidJob):
@@ -176,7 +186,11 @@ class RLSweepSpec(m._Model):
                                               description="Stopping trials that are clearly worse.")
     max_trials: int = Field(ge=1, le=MAX_TRIALS, description="Most trials (configurations x seeds) the sweep runs.")
     parallelism: int = Field(default=2, ge=1, le=100, description="Most trials running at once (locally: also "
-                             "no more than the cores allow).")
+                             "no more than the cores allow). On a cluster a sweep may have at most "
+                             f"{MAX_SWEEP_PODS} pods at once (as many as the largest job): parallelism x a trial's "
+                             "pods (1 head + learner.replicas + rolloutWorkers.replicas, at the most any parameter "
+                             "sets), plus the serving pods of every trial when the template serves (they stay "
+                             "after a trial succeeds).")
     active_deadline_seconds: int | None = Field(default=None, ge=1, description="Stop starting and running trials "
                                                 "this long after the sweep starts.")
 
@@ -257,7 +271,8 @@ class TrialCounts(m._Model):
 
 class RLSweepStatus(m._Model):
     phase: SweepPhase = Field(default=SweepPhase.RUNNING, description="Running, Succeeded or Failed.")
-    conditions: list[m.Condition] = Field(default_factory=list, description="Complete and Failed.")
+    conditions: list[m.Condition] = Field(default_factory=list, description="Complete, Failed, and Degraded: "
+                                          "True while the operator's passes of the sweep fail (it retries).")
     observed_generation: int | None = Field(default=None, description="Last spec generation acted on.")
     start_time: datetime | None = Field(default=None, description="When the first trial was created.")
     completion_time: datetime | None = Field(default=None, description="When the sweep finished.")
@@ -381,6 +396,7 @@ def parameter_problems(spec: RLSweepSpec) -> list[Problem]:
     field's own type and bounds."""
     problems: list[Problem] = []
     seen: dict[str, int] = {}
+    template = template_data(spec)
     for i, param in enumerate(spec.parameters):
         at = f"spec.parameters[{i}]"
         if param.path == "seed":
@@ -396,6 +412,10 @@ def parameter_problems(spec: RLSweepSpec) -> list[Problem]:
             field = resolve_path(param.path)
         except ValueError as err:
             problems.append(Problem(f"{at}.path", str(err), param.path))
+            continue
+        blocked = blocking_section(template, param.path)
+        if blocked is not None:
+            problems.append(Problem(f"{at}.path", blocked, param.path))
             continue
         if param.distribution is not None:
             problems += _distribution_problems(at, field, param.distribution)
@@ -442,6 +462,11 @@ def grid_size(spec: RLSweepSpec) -> int:
     return size
 
 
+def configurations(spec: RLSweepSpec) -> int:
+    """Configurations the sweep runs: every point of a grid; maxTrials / seeds drawn by random or tpe."""
+    return grid_size(spec) if spec.search.sampler == Sampler.GRID else spec.max_trials // spec.seeds
+
+
 def budget_problems(spec: RLSweepSpec) -> list[Problem]:
     if spec.search.sampler == Sampler.GRID:
         configurations = grid_size(spec)
@@ -475,10 +500,67 @@ def objective_problems(spec: RLSweepSpec) -> list[Problem]:
     return problems
 
 
+def pod_problems(spec: RLSweepSpec) -> list[Problem]:
+    """The pods the sweep may have at once, within MAX_SWEEP_PODS: its running trials' (each at the most replicas
+    any parameter sets) and, when the template serves, every trial's serving pods, which stay after it succeeds.
+    Run on parameters that passed `parameter_problems`."""
+    template = spec.template
+    learners = _most_replicas(spec, "learner.replicas", template.learner.replicas)
+    workers = _most_replicas(spec, "rolloutWorkers.replicas", template.rollout_workers.replicas)
+    per_trial = 1 + learners + workers
+    total = spec.parallelism * per_trial
+    parts = (f"{spec.parallelism} trial(s) at once x {per_trial} pods each (1 head, {learners} learner(s), "
+             f"{workers} rollout worker(s), at the most the parameters set)")
+    if template.serving is not None or any(p.path.startswith("serving.") for p in spec.parameters):
+        replicas = _most_replicas(spec, "serving.replicas", template.serving.replicas if template.serving else 1)
+        trials = configurations(spec) * spec.seeds
+        total += trials * replicas
+        parts += f" + {trials} trial(s) x {replicas} serving pod(s), kept after each trial succeeds"
+    if total <= MAX_SWEEP_PODS:
+        return []
+    return [Problem("spec.parallelism", f"{parts} = {total} pods, more than the {MAX_SWEEP_PODS} a sweep may have "
+                    "at once (as many as the largest job): lower parallelism or the replicas", spec.parallelism)]
+
+
+def _most_replicas(spec: RLSweepSpec, path: str, template_value: int) -> int:
+    """The largest value of an integer field any trial gets: the template's, or the parameter's largest."""
+    param = next((p for p in spec.parameters if p.path == path), None)
+    if param is None:
+        return template_value
+    if param.distribution is not None:
+        return int(param.distribution.high)
+    return max(int(v) for v in param_values(param, int))
+
+
+def template_data(spec: RLSweepSpec) -> dict[str, Any]:
+    """The template as the sweep's author wrote it (a job spec as data): what each trial starts from."""
+    return spec.template.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def blocking_section(template: dict[str, Any], path: str) -> str | None:
+    """Why a parameter cannot set `path` in `template`, or None when it can: each section along the path must
+    be a mapping or left out (a left-out section is made, as a job's default would be); `serving: null` is
+    neither, and a value under it would silently turn it on."""
+    node: Any = template
+    parts = path.split(".")
+    for i, part in enumerate(parts[:-1]):
+        node = node.get(part, {})
+        if not isinstance(node, dict):
+            section = ".".join(parts[: i + 1])
+            shown = "null" if node is None else f"a {type(node).__name__}"
+            return (f"spec.template.{section} is {shown}, so no trial can set {path} under it: give "
+                    f"{section} as a mapping in the template (or leave it out), or vary another field")
+    return None
+
+
 def trial_spec(template: dict[str, Any], params: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The template (a job spec as data) with each parameter's value at its path and the trial's seed."""
+    """The template (a job spec as data) with each parameter's value at its path and the trial's seed.
+    InvalidSweep, naming the field, when a section on a parameter's path is no mapping."""
     spec = copy.deepcopy(template)
     for path, value in params.items():
+        blocked = blocking_section(spec, path)
+        if blocked is not None:
+            raise InvalidSweep([Problem("spec.parameters", blocked, path)], KIND)
         node = spec
         *parents, leaf = path.split(".")
         for part in parents:
@@ -490,7 +572,7 @@ def trial_spec(template: dict[str, Any], params: dict[str, Any], seed: int) -> d
 
 def trial_job(sweep: RLSweep, name: str, params: dict[str, Any], seed: int) -> dict[str, Any]:
     """One trial's RLTrainingJob manifest (data; `parse_job` validates it)."""
-    template = sweep.spec.template.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    template = template_data(sweep.spec)
     labels = {**sweep.metadata.labels, "kuberl.dev/sweep": sweep.metadata.name}
     return {"apiVersion": m.API_VERSION, "kind": m.KIND,
             "metadata": {"name": name, "namespace": sweep.metadata.namespace, "labels": labels},
@@ -523,9 +605,31 @@ def _corner_problems(sweep: RLSweep) -> list[Problem]:
 # ---- reading a sweep --------------------------------------------------------------------------------------
 
 
-def parse_sweep(data: Any, *, text: str | None = None, source: str = "sweep") -> RLSweep:
+def template_job_problems(sweep: RLSweep, *, source: str = "sweep", check: load.SpecCheck | None = None,
+                          tenancy: Tenancy | None = None) -> list[Problem]:
+    """The template as a job of the sweep's namespace, judged by `load.parse_job` as the job's own loop will
+    judge each trial: what its pod templates may do there (`tenancy`) and its environment (`check`). Problems
+    are named in the sweep (`spec.template.<field>`)."""
+    first = trial_job(sweep, trial_name(sweep.metadata.name, 0), {}, sweep.spec.template.seed)
+    try:
+        load.parse_job(first, source=source, check=check, tenancy=tenancy)
+    except InvalidJob as err:
+        return [dataclasses.replace(p, path=_in_template(p.path), line=None) for p in err.problems]
+    return []
+
+
+def _in_template(path: str) -> str:
+    if path == "spec" or path.startswith(("spec.", "spec[")):
+        return "spec.template" + path.removeprefix("spec")
+    return path
+
+
+def parse_sweep(data: Any, *, text: str | None = None, source: str = "sweep", check: load.SpecCheck | None = None,
+                tenancy: Tenancy | None = None) -> RLSweep:
     """Validate a sweep (data from YAML or the API): the schema, the template as a job, each parameter
-    against its field, the objective against the template, and the budget."""
+    against its field, the pods it may have at once, the objective against the template, the budget, and
+    then the template as a job of the sweep's namespace (`template_job_problems`, with `tenancy` and `check`).
+    `kuberl validate`, `kuberl sweep` and the operator all judge a sweep here."""
     try:
         load.check_limits(data, source, text)
     except InvalidJob as err:
@@ -552,8 +656,10 @@ def parse_sweep(data: Any, *, text: str | None = None, source: str = "sweep") ->
         raise InvalidSweep(_with_lines(problems, lines), source) from None
     problems += parameter_problems(sweep.spec)
     if not problems:
-        problems += _corner_problems(sweep)
+        problems += _corner_problems(sweep) + pod_problems(sweep.spec)
     problems += budget_problems(sweep.spec) + objective_problems(sweep.spec)
+    if not problems:
+        problems = template_job_problems(sweep, source=source, check=check, tenancy=tenancy)
     if problems:
         raise InvalidSweep(_with_lines(problems, lines), source)
     return sweep
@@ -563,8 +669,9 @@ def _with_lines(problems: list[Problem], lines: Any) -> list[Problem]:
     return [dataclasses.replace(p, line=p.line or load._nearest_line(p.path, lines)) for p in problems]
 
 
-def load_sweep_file(path: str | Path) -> RLSweep:
-    """A sweep file, read within a job file's limits and judged by `parse_sweep`."""
+def load_sweep_file(path: str | Path, **kwargs: Any) -> RLSweep:
+    """A sweep file, read within a job file's limits and judged by `parse_sweep` (`kwargs`: its check and
+    tenancy)."""
     p = Path(path)
     try:
         with p.open("rb") as f:
@@ -572,10 +679,10 @@ def load_sweep_file(path: str | Path) -> RLSweep:
     except OSError as err:
         raise InvalidSweep([Problem("<file>", f"cannot read {p}: {err.strerror}", has_value=False)],
                            str(p)) from None
-    return load_sweep_text(raw.decode("utf-8-sig", errors="replace"), str(p))
+    return load_sweep_text(raw.decode("utf-8-sig", errors="replace"), str(p), **kwargs)
 
 
-def load_sweep_text(text: str, source: str = "sweep") -> RLSweep:
+def load_sweep_text(text: str, source: str = "sweep", **kwargs: Any) -> RLSweep:
     try:
         load._check_size(text, source)
         load._YamlScan(source).run(text)
@@ -589,9 +696,9 @@ def load_sweep_text(text: str, source: str = "sweep") -> RLSweep:
     if len(docs) != 1:
         raise InvalidSweep([Problem("<document>", f"expected exactly one YAML document, found {len(docs)}",
                                     has_value=False)], source)
-    return parse_sweep(docs[0], text=text, source=source)
+    return parse_sweep(docs[0], text=text, source=source, **kwargs)
 
 
 __all__ = ["InvalidSweep", "RLSweep", "RLSweepSpec", "RLSweepStatus", "SweepPhase", "TrialState", "TrialStatus",
            "trial_name", "load_sweep_file", "load_sweep_text",
-           "parse_sweep", "resolve_path", "trial_job"]
+           "parse_sweep", "resolve_path", "template_job_problems", "trial_job"]

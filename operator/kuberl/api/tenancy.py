@@ -2,10 +2,12 @@
 
 Creating an RLTrainingJob lets a tenant run pods in that namespace: the operator creates them with its
 own rights, so a template must not give a pod more than the namespace allows. By default every pod meets
-Pod Security "restricted" and runs with no ServiceAccount token; a platform team can allow more per
-namespace (a PSA level name, ServiceAccounts a template may name), in the chart's values. Jobs in the
-operator's own namespace are refused: its ServiceAccount lives there. Secrets, ConfigMaps and claims a
-template mounts stay the namespace's own business, as they are for any pod its tenants create.
+Pod Security "restricted", runs with no ServiceAccount token (named, projected, automounted or a Secret
+named as Kubernetes names an account's token Secret) and carries no label or annotation that asks for a
+cloud identity (kuberl.api.cloud_identity); a platform team can allow more per namespace (a PSA level
+name, ServiceAccounts a template may name, identity keys), in the chart's values. Jobs in the operator's
+own namespace are refused: its ServiceAccount lives there. Other Secrets, ConfigMaps and claims a template
+mounts stay the namespace's own business, as they are for any pod its tenants create.
 
 Pure data: `kuberl validate` and the operator call `problems()` on the parsed job, so both refuse the
 same templates with the same paths, before any object of the job exists.
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kuberl.api import pod_security, pod_template
+from kuberl.api import cloud_identity, pod_security, pod_template
 from kuberl.api.job import RLTrainingJob
 from kuberl.api.pod_schema import format_path
 from kuberl.api.problems import Problem
@@ -31,6 +33,13 @@ ROLES = {"head": ("head",), "rolloutWorkers": ("rollout_workers",), "learner": (
 #: Roles whose pods also run the operator's init container (waiting for the Ray head).
 WAITING_ROLES = ("rolloutWorkers", "learner")
 _SERVICE_ACCOUNT_FIELDS = ("serviceAccountName", "serviceAccount")
+#: The name Kubernetes gives the token Secret it makes for a ServiceAccount (every account before 1.24;
+#: some distributions still make them): the account's name, "-token-", and 5 characters of apimachinery's random-name
+#: alphabet (pkg/controller/serviceaccount/tokens_controller.go, k8s.io/apimachinery/pkg/util/rand).
+#: The operator never reads Secrets, so a name is all it can tell a token Secret by.
+_TOKEN_SECRET = re.compile(r"^(?P<account>.+)-token-[bcdfghjklmnpqrstvwxz2456789]{5}$")
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+_ALLOWANCE_FIELDS = ("podSecurity", "serviceAccounts", "identityKeys")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 #: How to ask for more, in every refusal: the tenant cannot change it, the platform team can.
 HOW_TO_ALLOW = "the platform team can allow more here (the chart's tenancy.namespaces)"
@@ -38,10 +47,12 @@ HOW_TO_ALLOW = "the platform team can allow more here (the chart's tenancy.names
 
 @dataclass(frozen=True)
 class Allowance:
-    """What a namespace's job pods may be: at least its Pod Security level, and these ServiceAccounts."""
+    """What a namespace's job pods may be: at least its Pod Security level, these ServiceAccounts, and
+    these labels and annotations of cloud_identity.IDENTITY_KEYS (a key, or a prefix ending in "/")."""
 
     pod_security: str = pod_security.RESTRICTED
     service_accounts: frozenset[str] = frozenset()
+    identity_keys: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         pod_security.check_level(self.pod_security)
@@ -60,16 +71,17 @@ class Tenancy:
 
     @classmethod
     def from_json(cls, text: str, operator_namespace: str | None = None) -> Tenancy:
-        """The chart's `tenancy.namespaces` as JSON: {namespace: {podSecurity, serviceAccounts}}. ValueError
-        names what is wrong."""
+        """The chart's `tenancy.namespaces` as JSON: {namespace: {podSecurity, serviceAccounts,
+        identityKeys}}. ValueError names what is wrong."""
+        fields = ", ".join(_ALLOWANCE_FIELDS)
         data = json.loads(text or "{}")
         if not isinstance(data, dict):
-            raise ValueError("tenancy must map namespace names to {podSecurity, serviceAccounts}")
+            raise ValueError(f"tenancy must map namespace names to {{{fields}}}")
         out = {}
         for namespace, entry in data.items():
             where = f"tenancy.namespaces.{namespace}"
-            if not isinstance(entry, dict) or set(entry) - {"podSecurity", "serviceAccounts"}:
-                raise ValueError(f"{where}: give podSecurity and/or serviceAccounts, nothing else")
+            if not isinstance(entry, dict) or set(entry) - set(_ALLOWANCE_FIELDS):
+                raise ValueError(f"{where}: give any of {fields}, nothing else")
             level = entry.get("podSecurity", pod_security.RESTRICTED)
             if level not in pod_security.LEVELS:
                 raise ValueError(f"{where}.podSecurity: {level!r} is not a Pod Security level; "
@@ -77,9 +89,14 @@ class Tenancy:
             accounts = entry.get("serviceAccounts") or []
             if not isinstance(accounts, list) or not all(isinstance(a, str) and _NAME.match(a) for a in accounts):
                 raise ValueError(f"{where}.serviceAccounts: a list of ServiceAccount names")
+            keys = entry.get("identityKeys") or []
+            if not isinstance(keys, list) or not all(isinstance(k, str) and cloud_identity.grants(k) for k in keys):
+                raise ValueError(f"{where}.identityKeys: a list of labels or annotations the operator refuses as "
+                                 f"cloud identity, each a key or a prefix ending in '/' under one of "
+                                 f"{', '.join(cloud_identity.IDENTITY_KEYS)}")
             if namespace == operator_namespace:
                 raise ValueError(f"{where}: jobs never run in the operator's own namespace; allow nothing there")
-            out[namespace] = Allowance(level, frozenset(accounts))
+            out[namespace] = Allowance(level, frozenset(accounts), frozenset(keys))
         return cls(out, operator_namespace=operator_namespace)
 
 
@@ -110,7 +127,8 @@ def template_problems(template: dict[str, Any], role: str, allowance: Allowance)
     level = allowance.pod_security
     out = [(_in_template(path, merged, template), f"Pod Security {level!r}, this namespace's level: {message}; "
             f"{HOW_TO_ALLOW}") for path, message in pod_security.violations(merged, level)]
-    return out + _service_account_problems(template, allowance)
+    return [*out, *_service_account_problems(template, allowance), *_token_secret_problems(template, allowance),
+            *_identity_problems(template, allowance)]
 
 
 def operator_pod(role: str) -> dict[str, Any]:
@@ -138,10 +156,13 @@ def _in_template(path: tuple, merged: dict[str, Any], template: dict[str, Any]) 
     return path
 
 
+def _allowed_text(allowed: frozenset[str]) -> str:
+    return f"allowed here: {', '.join(sorted(allowed))}" if allowed else "none is allowed here"
+
+
 def _service_account_problems(template: dict[str, Any], allowance: Allowance) -> list[tuple[tuple, str]]:
     spec = template.get("spec") or {}
-    allowed = sorted(allowance.service_accounts)
-    allowed_text = f"allowed here: {', '.join(allowed)}" if allowed else "none is allowed here"
+    allowed_text = _allowed_text(allowance.service_accounts)
     out: list[tuple[tuple, str]] = []
     named = None
     for key in _SERVICE_ACCOUNT_FIELDS:
@@ -159,4 +180,55 @@ def _service_account_problems(template: dict[str, Any], allowance: Allowance) ->
         for j, source in enumerate((volume.get("projected") or {}).get("sources") or []):
             if "serviceAccountToken" in source and named is None:
                 out.append((("spec", "volumes", i, "projected", "sources", j, "serviceAccountToken"), token))
+    return out
+
+
+def _secret_refs(spec: dict[str, Any]) -> list[tuple[tuple, str]]:
+    """(path, Secret name) of every Secret the pod would read: volumes, projected sources, env and envFrom."""
+    out: list[tuple[tuple, str]] = []
+    for i, volume in enumerate(spec.get("volumes") or []):
+        if "secretName" in (volume.get("secret") or {}):
+            out.append((("spec", "volumes", i, "secret", "secretName"), volume["secret"]["secretName"]))
+        for j, source in enumerate((volume.get("projected") or {}).get("sources") or []):
+            if "name" in (source.get("secret") or {}):
+                out.append((("spec", "volumes", i, "projected", "sources", j, "secret", "name"),
+                            source["secret"]["name"]))
+    for key in _CONTAINER_LISTS:
+        for i, container in enumerate(spec.get(key) or []):
+            for j, env in enumerate(container.get("env") or []):
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
+                if "name" in ref:
+                    out.append((("spec", key, i, "env", j, "valueFrom", "secretKeyRef", "name"), ref["name"]))
+            for j, source in enumerate(container.get("envFrom") or []):
+                if "name" in (source.get("secretRef") or {}):
+                    out.append((("spec", key, i, "envFrom", j, "secretRef", "name"), source["secretRef"]["name"]))
+    return out
+
+
+def _token_secret_problems(template: dict[str, Any], allowance: Allowance) -> list[tuple[tuple, str]]:
+    """A Secret named as Kubernetes names an account's token Secret holds that account's token for all the
+    operator can tell: it is the account's only where the platform team allowed the account."""
+    out = []
+    for path, name in _secret_refs(template.get("spec") or {}):
+        match = _TOKEN_SECRET.match(name)
+        if match and match["account"] not in allowance.service_accounts:
+            out.append((path, f"{name!r} is named as Kubernetes names the token Secret of ServiceAccount "
+                              f"{match['account']!r} (<account>-token-<5 characters>); a job's pods carry a "
+                              "ServiceAccount's token only where the platform team allowed that account "
+                              f"({_allowed_text(allowance.service_accounts)}); a Secret that holds no token "
+                              f"can be named differently; {HOW_TO_ALLOW}"))
+    return out
+
+
+def _identity_problems(template: dict[str, Any], allowance: Allowance) -> list[tuple[tuple, str]]:
+    meta = template.get("metadata") or {}
+    out = []
+    for kind in ("labels", "annotations"):
+        for key in meta.get(kind) or {}:
+            system = cloud_identity.grants(key)
+            if system and not cloud_identity.covering(key, allowance.identity_keys):
+                out.append((("metadata", kind, key), (
+                    f"asks {system} for cloud credentials; a job's pods get a cloud identity only through the "
+                    "labels and annotations the platform team allowed for the namespace (identityKeys, "
+                    f"{_allowed_text(allowance.identity_keys)}); {HOW_TO_ALLOW}")))
     return out

@@ -8,9 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kuberl.api import pod_template
 from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, is_report
 from kuberl.operator import kueue, names, startup
 from kuberl.operator.names import Component
+
+#: The only container whose termination message the operator reads as the job's result or refusal: a
+#: template may add sidecars to the learner's pod, and a sidecar's last word is no word of the learner's.
+LEARNER_CONTAINER = pod_template.MAIN_CONTAINERS["learner"]
 
 
 @dataclass(frozen=True)
@@ -28,9 +33,9 @@ class PodView:
     owned: bool = True
     ip: str | None = None
     why: str = ""
-    #: The termination message of a container that exited 0 (the learner's final metrics).
+    #: The termination message of the LEARNER_CONTAINER that exited 0 (the learner's final metrics).
     final_message: str | None = None
-    #: What a container that exited with INVALID_SPEC_EXIT_CODE said (the learner refusing its spec).
+    #: What the LEARNER_CONTAINER said when it exited with INVALID_SPEC_EXIT_CODE (refusing its spec).
     invalid_spec: str | None = None
     #: The rank-0 learner pod's spec.learner.replicas (names.LEARNER_REPLICAS_ANNOTATION).
     learner_replicas: int | None = None
@@ -86,23 +91,25 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def _final_message(status: dict[str, Any]) -> str | None:
+def _learner_ended(status: dict[str, Any]) -> dict[str, Any]:
+    """How the LEARNER_CONTAINER ended ({} while it runs, or in a pod without one)."""
     for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or {}
-        if term.get("exitCode") == 0 and term.get("message"):
-            return term["message"]
-    return None
+        if cs.get("name") == LEARNER_CONTAINER:
+            return (cs.get("state") or {}).get("terminated") or {}
+    return {}
+
+
+def _final_message(status: dict[str, Any]) -> str | None:
+    term = _learner_ended(status)
+    return term["message"] if term.get("exitCode") == 0 and term.get("message") else None
 
 
 def _invalid_spec(status: dict[str, Any]) -> str | None:
     """The learner's report of a spec it refused: exit status 2 and `kuberl validate`'s text as its
     termination message (any other exit is a failure to restart from)."""
-    for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or {}
-        message = (term.get("message") or "").strip()
-        if term.get("exitCode") == INVALID_SPEC_EXIT_CODE and is_report(message):
-            return message
-    return None
+    term = _learner_ended(status)
+    message = (term.get("message") or "").strip()
+    return message if term.get("exitCode") == INVALID_SPEC_EXIT_CODE and is_report(message) else None
 
 
 def _why(status: dict[str, Any]) -> str:

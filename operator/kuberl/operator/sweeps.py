@@ -10,7 +10,6 @@ recorded before its job is created, and a recorded trial whose job is missing is
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ import urllib3
 
 from kuberl.api.job import GROUP, VERSION
 from kuberl.api.job import PLURAL as JOB_PLURAL
-from kuberl.api.load import InvalidJob, Problem, parse_job
+from kuberl.api.load import InvalidJob, Problem
 from kuberl.api.semantics import check_registered
 from kuberl.api.sweep import (
     PLURAL,
@@ -31,8 +30,6 @@ from kuberl.api.sweep import (
     SweepPhase,
     TrialState,
     parse_sweep,
-    trial_job,
-    trial_name,
 )
 from kuberl.operator import status as job_status
 from kuberl.operator.runtime import ApiError, Runtime
@@ -44,7 +41,11 @@ if TYPE_CHECKING:
 SWEEP_LABEL = "kuberl.dev/sweep"
 #: The most one pass's Optuna and SciPy work may take; past it the pass is tried again later.
 PASS_TIMEOUT_S = 30.0
-COMPLETE, FAILED = job_status.COMPLETE, job_status.FAILED
+#: The longest wait between passes that fail: they double from the reconcile interval up to this.
+PASS_BACKOFF_MAX_S = 300.0
+COMPLETE, FAILED, DEGRADED = job_status.COMPLETE, job_status.FAILED, job_status.DEGRADED
+#: The Degraded condition's reason while passes fail, and once one goes through again.
+PASS_FAILED, PASS_WENT_THROUGH = "PassFailed", "PassSucceeded"
 
 
 class SpecChanged(Exception):
@@ -69,9 +70,10 @@ def poke_key(name: str) -> str:
     return f"{PLURAL}/{name}"
 
 
-def validate_sweep(body: kopf.Body, runtime: Runtime) -> tuple[RLSweep | None, list[Problem]]:
-    """Validate like `kuberl sweep` (`parse_sweep`), then the template as a job of this namespace as the job's
-    own loop will (its tenancy, the registered environments): a sweep that fails is refused before any trial
+def validate_sweep(body: kopf.Body, runtime: Runtime,
+                   logger: logging.Logger | logging.LoggerAdapter) -> tuple[RLSweep | None, list[Problem]]:
+    """Validate as `kuberl validate` does (`parse_sweep`, with this namespace's tenancy), the environment against
+    the table of registered ids as the job's own loop will: a sweep that fails is refused before any trial
     exists."""
     meta = body["metadata"]
     data = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
@@ -79,16 +81,12 @@ def validate_sweep(body: kopf.Body, runtime: Runtime) -> tuple[RLSweep | None, l
                          "labels": dict(meta.get("labels") or {})},
             "spec": json.loads(json.dumps(body.get("spec")))}
     try:
-        sweep = parse_sweep(data, source=meta["name"])
+        return parse_sweep(data, source=meta["name"], check=check_registered, tenancy=runtime.config.tenancy), []
     except InvalidSweep as err:
         return None, list(err.problems)
-    first = trial_job(sweep, trial_name(sweep.metadata.name, 0), {}, sweep.spec.template.seed)
-    try:
-        parse_job(first, check=check_registered, source=meta["name"], tenancy=runtime.config.tenancy)
-    except InvalidJob as err:
-        return None, [dataclasses.replace(p, path=p.path.replace("spec.", "spec.template.", 1), line=None)
-                      for p in err.problems]
-    return sweep, []
+    except Exception as err:  # a spec that breaks the parser is the spec's problem, never a retry loop
+        logger.exception("validating the sweep failed")
+        return None, [Problem("spec", f"cannot validate the spec: {type(err).__name__}: {err}", has_value=False)]
 
 
 def owned_trial(sweep: RLSweep, uid: str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +106,7 @@ def record_pass(status: RLSweepStatus, planned: SweepPass, generation: int | Non
         status.best = planned.ranking[0] if planned.ranking else None
     status.observed_generation, status.reason, status.message = generation, None, None
     job_status.set_condition(status, FAILED, False, "", "", at=now, generation=generation)
+    _pass_went_through(status, generation, now)
     if planned.done:
         status.phase = SweepPhase.SUCCEEDED
         status.completion_time = status.completion_time or now
@@ -118,6 +117,40 @@ def record_pass(status: RLSweepStatus, planned: SweepPass, generation: int | Non
         status.phase = SweepPhase.RUNNING
         job_status.set_condition(status, COMPLETE, False, "TrialsRunning", f"{planned.progress} trials finished",
                                  at=now, generation=generation)
+
+
+def record_refusal(status: RLSweepStatus, problems: list[Problem], reason: str, generation: int | None,
+                   now: Any) -> str:
+    """A sweep that cannot run into its status: Failed with `reason`, every problem named; returns the message."""
+    message = "; ".join(str(p) for p in problems)[:4000]
+    status.phase, status.reason, status.message = SweepPhase.FAILED, reason, message
+    status.observed_generation = generation
+    job_status.set_condition(status, COMPLETE, False, reason, "the sweep cannot run", at=now, generation=generation)
+    job_status.set_condition(status, FAILED, True, reason, message, at=now, generation=generation)
+    _pass_went_through(status, generation, now)
+    return message
+
+
+def pass_backoff(reconcile_interval: float, failures: int) -> float:
+    """Seconds before the next pass after `failures` failed passes in a row: doubling from the reconcile
+    interval, at most PASS_BACKOFF_MAX_S. An event of the sweep or of a trial still wakes it sooner."""
+    return min(PASS_BACKOFF_MAX_S, reconcile_interval * 2 ** min(max(failures, 1) - 1, 20))
+
+
+def record_pass_error(status: RLSweepStatus, err: Exception, failures: int, retry: float, generation: int | None,
+                      now: Any) -> str:
+    """A pass that failed on an unexpected error into the status: Degraded, naming the error and the next try.
+    The phase stays: the sweep is retried, not failed, for the error may be the operator's. Returns the error's
+    text (without the count of tries, so that the same error is told once)."""
+    error = f"the operator's pass of this sweep failed: {type(err).__name__}: {err}"[:1000]
+    job_status.set_condition(status, DEGRADED, True, PASS_FAILED, f"{error} (try {failures}; next in {retry:.0f} s)",
+                             at=now, generation=generation)
+    return error
+
+
+def _pass_went_through(status: RLSweepStatus, generation: int | None, now: Any) -> None:
+    if job_status.is_true(status, DEGRADED):
+        job_status.set_condition(status, DEGRADED, False, PASS_WENT_THROUGH, "", at=now, generation=generation)
 
 
 class SweepLoop:
@@ -135,6 +168,9 @@ class SweepLoop:
         self.written: dict[str, Any] | None = None
         self.ranked = False
         self._validated: tuple[str, tuple[RLSweep | None, list[Problem]]] | None = None
+        #: Passes failed in a row, and the last unexpected error told on the sweep (an Event each new one).
+        self.failures = 0
+        self.told: str | None = None
 
     async def run(self, stopped: kopf.DaemonStopped) -> None:
         try:
@@ -143,16 +179,39 @@ class SweepLoop:
             self.runtime.metrics.sweep(self.namespace, self.name, None)
 
     async def reconcile_once(self) -> float:
-        config = self.runtime.config
+        """One pass; returns seconds until the next one is due. A pass that fails is retried with back-off."""
+        unexpected: Exception | None = None
         try:
-            return await self.reconcile()
+            wait = await self.reconcile()
+            self.failures, self.told = 0, None
+            return wait
         except ApiError as err:
-            self.runtime.metrics.errors.labels("sweep", f"http_{err.status}").inc()
+            kind = f"http_{err.status}"
             self.logger.warning(f"Kubernetes API error, retrying: {err}")
         except (urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            self.runtime.metrics.errors.labels("sweep", type(err).__name__).inc()
-            self.logger.warning(f"the sweep's pass did not finish, retrying: {type(err).__name__}: {err}")
-        return config.reconcile_interval
+            kind = type(err).__name__
+            self.logger.warning(f"the sweep's pass did not finish, retrying: {kind}: {err}")
+        except Exception as err:  # a bug must not stop the sweep's loop for good: logged, counted, told on the sweep
+            kind, unexpected = type(err).__name__, err
+            self.logger.exception("the sweep's pass failed, retrying")
+        self.runtime.metrics.errors.labels("sweep", kind).inc()
+        self.failures += 1
+        retry = pass_backoff(self.runtime.config.reconcile_interval, self.failures)
+        if unexpected is not None:
+            await self._tell_failure(unexpected, retry)
+        return retry
+
+    async def _tell_failure(self, err: Exception, retry: float) -> None:
+        """The failed pass on the sweep: its Degraded condition, and a Warning Event for each new error."""
+        error = record_pass_error(self.status, err, self.failures, retry, self.body["metadata"].get("generation"),
+                                  job_status.now())
+        if error != self.told:
+            kopf.warn(self.body, reason=PASS_FAILED, message=f"{error}; retrying")
+            self.told = error
+        try:
+            await self._write_status()
+        except (ApiError, urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as write:
+            self.logger.warning(f"cannot record the failed pass on the sweep: {type(write).__name__}: {write}")
 
     async def reconcile(self) -> float:
         config = self.runtime.config
@@ -174,6 +233,9 @@ class SweepLoop:
                                              timeout=PASS_TIMEOUT_S)
         except SpecChanged as err:
             await self._refuse([Problem("spec.parameters", str(err), has_value=False)], reason="SpecChanged")
+            return config.idle_interval
+        except InvalidJob as err:  # a trial its parameters cannot make: the spec's fault, as validation's is
+            await self._refuse(list(err.problems))
             return config.idle_interval
         self._record(planned, now)
         # The record first: a trial in it whose job is missing (this process stopped in between) is created
@@ -204,7 +266,7 @@ class SweepLoop:
         the spec or labels changed."""
         key = json.dumps([self.body.get("spec"), self.body["metadata"].get("labels")], sort_keys=True)
         if self._validated is None or self._validated[0] != key:
-            result = await asyncio.wait_for(asyncio.to_thread(validate_sweep, self.body, self.runtime),
+            result = await asyncio.wait_for(asyncio.to_thread(validate_sweep, self.body, self.runtime, self.logger),
                                             timeout=PASS_TIMEOUT_S)
             self._validated = (key, result)
         return self._validated[1]
@@ -229,17 +291,11 @@ class SweepLoop:
 
     async def _refuse(self, problems: list[Problem], reason: str = "InvalidSpec") -> None:
         """An invalid sweep: Failed, every problem named, nothing (more) created."""
-        now = job_status.now()
-        message = "; ".join(str(p) for p in problems)[:4000]
-        if self.status.phase != SweepPhase.FAILED:
+        was_failed = self.status.phase == SweepPhase.FAILED
+        message = record_refusal(self.status, problems, reason, self.body["metadata"].get("generation"),
+                                 job_status.now())
+        if not was_failed:
             kopf.warn(self.body, reason=reason, message=message[:1000])
-        status = self.status
-        status.phase, status.reason, status.message = SweepPhase.FAILED, reason, message
-        status.observed_generation = self.body["metadata"].get("generation")
-        job_status.set_condition(status, COMPLETE, False, reason, "the sweep cannot run", at=now,
-                                 generation=status.observed_generation)
-        job_status.set_condition(status, FAILED, True, reason, message, at=now,
-                                 generation=status.observed_generation)
         await self._write_status()
 
     async def _write_status(self) -> None:

@@ -26,7 +26,7 @@ from kuberl.api.sweep import (
     Sampler,
     TrialState,
     TrialStatus,
-    grid_size,
+    configurations,
     param_values,
     resolve_path,
     trial_job,
@@ -76,7 +76,7 @@ class SweepEngine:
         spec = sweep.spec
         self.metric = spec.objective.metric
         self.seeds = spec.seeds
-        self.configurations = grid_size(spec) if spec.search.sampler == Sampler.GRID else spec.max_trials // spec.seeds
+        self.configurations = configurations(spec)
         self.max_trials = self.configurations * spec.seeds
         self.every = spec.early_stopping.every_env_steps
         self.study = optuna.create_study(

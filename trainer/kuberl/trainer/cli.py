@@ -6,7 +6,6 @@ Exit status: 0 success, 2 invalid input (nothing started), 1 a failure while tra
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -34,16 +33,22 @@ def _is_sweep_file(path: str) -> bool:
     return re.search(r"^kind:\s*[\"']?RLSweep[\"']?\s*(#.*)?$", head, re.MULTILINE) is not None
 
 
+def _tenancy(args: argparse.Namespace):
+    """`kuberl validate`'s --pod-security and --service-account: whatever namespace the file names gets the
+    allowance they describe, as the operator would give it."""
+    from kuberl.api.tenancy import Allowance, Tenancy
+
+    return Tenancy(default=Allowance(args.pod_security, frozenset(args.service_account)))
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     if _is_sweep_file(args.job):
-        args.sweep, args.validate_only, args.parallel = args.job, True, None
-        return _cmd_sweep(args)
+        sweep = _load_sweep(args.job, tenancy=_tenancy(args))
+        return 2 if sweep is None else _sweep_ok(sweep)
     from kuberl.api.load import InvalidJob, load_job_file
-    from kuberl.api.tenancy import Allowance, Tenancy
     from kuberl.trainer.envs.resolve import check_environment
 
-    # Whatever namespace the file names gets the allowance the flags describe, as the operator would give it.
-    tenancy = Tenancy(default=Allowance(args.pod_security, frozenset(args.service_account)))
+    tenancy = _tenancy(args)
     try:
         job = load_job_file(args.job, check=check_environment, tenancy=tenancy)
     except InvalidJob as err:
@@ -201,30 +206,37 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return code
 
 
-def _cmd_sweep(args: argparse.Namespace) -> int:
-    from kuberl.api.load import InvalidJob, parse_job
-    from kuberl.api.sweep import InvalidSweep, load_sweep_file, trial_job
-    from kuberl.sweep.engine import SweepChanged
+def _load_sweep(path: str, tenancy=None):
+    """A sweep file judged by `parse_sweep`, the operator's judge (with the namespace's `tenancy` where
+    `kuberl validate` gives one), its environment built as for a job; None, its problems printed, when it
+    cannot run."""
+    from kuberl.api.sweep import InvalidSweep, load_sweep_file
     from kuberl.trainer.envs.resolve import check_environment
+
+    try:
+        return load_sweep_file(path, check=check_environment, tenancy=tenancy)
+    except InvalidSweep as err:
+        _print_problems(err)
+        return None
+
+
+def _sweep_ok(sweep) -> int:
+    print(f"ok: {sweep.metadata.name}: {len(sweep.spec.parameters)} parameter(s), {sweep.spec.seeds} seed(s) "
+          f"per configuration, at most {sweep.spec.max_trials} trials")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from kuberl.sweep.engine import SweepChanged
 
     if args.parallel is not None and args.parallel < 1:
         print(f"error: --parallel: at least 1 [given: {args.parallel}]", file=sys.stderr)
         return 2
-    try:
-        sweep = load_sweep_file(args.sweep)
-        # The environment is checked once, on the template, as `kuberl validate` checks a job.
-        parse_job(trial_job(sweep, sweep.metadata.name, {}, sweep.spec.template.seed), source=args.sweep,
-                  check=check_environment)
-    except InvalidJob as err:
-        if not isinstance(err, InvalidSweep):
-            err = InvalidSweep([dataclasses.replace(p, path=f"spec.template.{p.path.removeprefix('spec.')}")
-                                for p in err.problems], args.sweep)
-        _print_problems(err)
+    sweep = _load_sweep(args.sweep)
+    if sweep is None:
         return 2
     if args.validate_only:
-        print(f"ok: {sweep.metadata.name}: {len(sweep.spec.parameters)} parameter(s), {sweep.spec.seeds} seed(s) "
-              f"per configuration, at most {sweep.spec.max_trials} trials")
-        return 0
+        return _sweep_ok(sweep)
 
     from kuberl.trainer.sweep import SweepOptions, run_sweep
 
@@ -345,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a job file; print every problem; exit 2 when invalid")
     p.add_argument("job", help="RLTrainingJob (or RLSweep) YAML file")
     p.add_argument("--pod-security", default="restricted", choices=["restricted", "baseline", "privileged"],
-                   help="the Pod Security level the job's namespace allows its pods (the operator's default: "
-                        "restricted; a platform team may allow more per namespace)")
+                   help="the Pod Security level the job's (or sweep's) namespace allows its pods (the operator's "
+                        "default: restricted; a platform team may allow more per namespace)")
     p.add_argument("--service-account", action="append", default=[], metavar="NAME",
                    help="a ServiceAccount the namespace allows a template to name (repeat for several; "
                         "default: none)")
