@@ -148,6 +148,8 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     # kubectl logs of the learner: what it printed in its container.
     logs = bed.kubectl("logs", "-n", NS, "cartpole-ppo-learner").stdout
     assert "ray joined" in logs or "joined" in logs, logs[-2000:]
+    # Its thread pools sized to the pod's one CPU (its request), not the node's cores.
+    assert "torch threads: 1 (container CPUs: 1)" in logs, logs[-2000:]
 
     # The run directory is on the claim: it outlives the learner pod.
     run_dir = bed.agent.claim_dir(NS, "cartpole-checkpoints")

@@ -295,3 +295,24 @@ def test_learner_mounts_the_preference_config_map_read_only_and_optional(job_dic
     job_dict["spec"]["algorithm"] = {"name": "BDQ", "bdq": {"preference": {}}}
     plain = builders.build_learner_pod(parse_job(job_dict), OPTIONS)
     assert "preferences" not in {v["name"] for v in plain["spec"]["volumes"]}
+
+
+def test_each_role_sizes_its_thread_pools_to_its_own_cpus_not_the_nodes(job_dict):
+    from kuberl.api.threads import CPUS_ENV, THREAD_ENV
+
+    job_dict["spec"]["rolloutWorkers"]["resources"] = {"requests": {"cpu": "500m"}, "limits": {"cpu": "3"}}
+    job_dict["spec"]["learner"] = {"resources": {"requests": {"cpu": "2"}}, "threads": 1}
+    job = parse_job(job_dict)
+    head, learner, worker, *_ = job_pods(job, BuildOptions(trainer_image="kuberl-trainer:test"))
+
+    def env(pod: dict) -> dict:
+        return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+    assert env(worker)[CPUS_ENV] == "3" and {env(worker)[v] for v in THREAD_ENV} == {"3"}  # the limit
+    assert env(learner)[CPUS_ENV] == "2" and {env(learner)[v] for v in THREAD_ENV} == {"1"}  # learner.threads
+    assert env(head)[CPUS_ENV] == "1" and {env(head)[v] for v in THREAD_ENV} == {"1"}  # 500m, rounded up
+    # A template's own value replaces the default (env merges by name).
+    job_dict["spec"]["rolloutWorkers"]["template"] = {"spec": {"containers": [
+        {"name": "rollout-worker", "env": [{"name": "OMP_NUM_THREADS", "value": "2"}]}]}}
+    worker = builders.build_worker_pod(parse_job(job_dict), BuildOptions(trainer_image="kuberl-trainer:test"), 0)
+    assert env(worker)["OMP_NUM_THREADS"] == "2" and env(worker)["MKL_NUM_THREADS"] == "3"

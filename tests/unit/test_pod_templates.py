@@ -323,7 +323,8 @@ def test_the_owned_lists_cover_everything_the_builders_set(job_dict):
             assert c["name"] in (*pod_template.MAIN_CONTAINERS.values(), pod_template.WAIT_FOR_HEAD)
             assert {m["mountPath"] for m in c.get("volumeMounts", [])} <= set(pod_template.OWNED_MOUNT_PATHS)
             for env in c.get("env", []):
-                assert env["name"] in pod_template.OWNED_ENV or env["name"].startswith("KUBERL_"), env["name"]
+                assert (env["name"] in pod_template.OWNED_ENV or env["name"].startswith("KUBERL_")
+                        or env["name"] in pod_template.DEFAULTED_ENV), env["name"]
 
 
 def test_the_gpu_pool_example_builds_pods_that_tolerate_the_pool_and_ask_for_a_gpu():

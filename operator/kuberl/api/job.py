@@ -517,7 +517,9 @@ class LearnerSpec(_Model):
     template: Annotated[dict[str, Any] | None, _template_check("learner"), _TEMPLATE_SCHEMA] = (
         _template_field("learner"))
     threads: int | None = Field(
-        default=None, ge=1, le=256, description="torch intra-op threads on the learner (default: torch's)."
+        default=None, ge=1, le=256,
+        description="torch, OpenMP, MKL and OpenBLAS threads of each learner (default: its pod's CPUs, the CPU "
+                    "limit else the request, rounded up; locally, this machine's cores less the rollout workers')."
     )
 
 

@@ -23,6 +23,7 @@ import posixpath
 from typing import Any
 
 from kuberl.api import pod_schema
+from kuberl.api.threads import THREAD_ENV
 
 #: The container the operator builds for each role (spec field -> container name). A template container
 #: of that name merges into it; the rollout workers' and the learner's pods also run WAIT_FOR_HEAD first.
@@ -73,6 +74,9 @@ OWNED_MOUNT_PATHS = ("/tmp", "/dev/shm", "/checkpoints", "/etc/kuberl/preference
 #: Environment of the role's own container: the job, the Ray address and the job's Ray token.
 OWNED_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 OWNED_ENV_PREFIX = "KUBERL_"
+#: Environment the operator sets as a default a template may replace (env merges by name): the thread
+#: pools, sized to the role's CPUs.
+DEFAULTED_ENV = THREAD_ENV
 #: Labels the operator selects its pods by (and the recommended set it writes), and the scrape annotations.
 OWNED_LABEL_PREFIX = "kuberl.dev/"
 OWNED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",

@@ -20,9 +20,12 @@ from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from kuberl.api import crd
 from kuberl.api import job as m
+from kuberl.api.pod_schema import KUBERNETES_VERSION
 
 POD_TEMPLATE_SPEC_URL = ("https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/"
                          "pod-template-v1/#PodTemplateSpec")
+#: The Kubernetes minor whose PodTemplateSpec the templates' schema is: the oldest the chart supports.
+POD_TEMPLATE_KUBERNETES = ".".join(KUBERNETES_VERSION.lstrip("v").split(".")[:2])
 COMMAND = "python -m kuberl.api.reference docs/reference/job.md"
 
 INTRO = f"""\
@@ -137,8 +140,10 @@ def _render_row(row: _Row, patterns: list[tuple[str, str]]) -> str:
         name = f"[{name}](#{_anchor(row.path + ('[]' if schema.get('type') == 'array' else ''))})"
     description = schema.get("description", "")
     if _is_pod_template(schema):
-        description = (f"Kubernetes' [PodTemplateSpec]({POD_TEMPLATE_SPEC_URL}) (v1.27, fields not listed "
-                       f"here; `kubectl explain rltj.{row.path}` shows them). {description}")
+        description = (f"Kubernetes' [PodTemplateSpec]({POD_TEMPLATE_SPEC_URL}) as of Kubernetes "
+                       f"{POD_TEMPLATE_KUBERNETES}, the oldest the chart supports, so a template never sets a "
+                       f"field an API server it supports would drop (fields not listed here; `kubectl explain "
+                       f"rltj.{row.path}` shows them). {description}")
     default = "required" if row.required else row.default
     cells = [name, _type(schema), default, _bounds(row.path, schema, patterns), _sentence(description)]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"

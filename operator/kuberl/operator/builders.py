@@ -23,6 +23,7 @@ from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, AlgorithmName, Resources,
 from kuberl.api.learner_slots import extra_learners, learner_slots
 from kuberl.api.pod_template import CONTAINER_SECURITY_CONTEXT
 from kuberl.api.rollout_slots import rollout_slots
+from kuberl.api.threads import CPUS_ENV, THREAD_ENV
 from kuberl.operator import names
 from kuberl.operator.names import Component
 
@@ -100,6 +101,15 @@ def cpu_count(resources: Resources, default: int = 1) -> int:
     except ValueError:
         raise ValueError(f"cannot read CPU quantity {quantity!r} (expected e.g. 2, 1.5 or 500m)") from None
     return max(1, math.ceil(value))
+
+
+def threads_env(resources: Resources, threads: int | None = None) -> list[dict[str, Any]]:
+    """The pod's CPUs and thread pools sized to them (kuberl.api.threads): without these, torch and the BLAS
+    libraries in a pod start a thread per core of the node. A template's own env entry of the same name
+    replaces one of these (the merge is by name)."""
+    cpus = cpu_count(resources)
+    return [{"name": CPUS_ENV, "value": str(cpus)},
+            *({"name": name, "value": str(threads or cpus)} for name in THREAD_ENV)]
 
 
 def container_resources(resources: Resources) -> dict[str, Any]:
@@ -219,7 +229,8 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
     ]
     shm, shm_mount = _shm_volume()
     container = _container(
-        pod_template.MAIN_CONTAINERS["head"], job, options, command, head.resources, _ray_env(job),
+        pod_template.MAIN_CONTAINERS["head"], job, options, command, head.resources,
+        [*_ray_env(job), *threads_env(head.resources)],
         ports=[
             {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
             {"name": "dashboard", "containerPort": names.DASHBOARD_PORT, "protocol": "TCP"},
@@ -269,7 +280,7 @@ def build_worker_pod(job: RLTrainingJob, options: BuildOptions, index: int, *, e
 
 
 def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any], role: str, part: Any,
-                  num_cpus: int, slots: dict[str, float]) -> dict[str, Any]:
+                  num_cpus: int, slots: dict[str, float], threads: int | None = None) -> dict[str, Any]:
     """A pod that joins the job's Ray cluster as a node offering `num_cpus` and `slots`, with the role's
     resources, node selector and template (rollout workers, data-parallel learner ranks)."""
     command = [
@@ -282,7 +293,8 @@ def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any
     ]
     shm, shm_mount = _shm_volume()
     container = _container(pod_template.MAIN_CONTAINERS[role], job, options, command, part.resources,
-                           [_ray_address_env(job), *_ray_env(job)], volumeMounts=[shm_mount])
+                           [_ray_address_env(job), *_ray_env(job), *threads_env(part.resources, threads)],
+                           volumeMounts=[shm_mount])
     pod = _pod(meta, containers=[container], volumes=[shm], node_selector=part.node_selector,
                init_containers=[_wait_for_head(job, options, part.resources)])
     return pod_template.merge(pod, part.template, role)
@@ -326,6 +338,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         # The learner leaves its final metrics there; the operator reads them from the pod's status.
         {"name": "KUBERL_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH},
         *_ray_env(job),
+        *threads_env(learner.resources, learner.threads),
     ]
     shm, shm_mount = _shm_volume()
     extra: dict[str, Any] = {
@@ -386,7 +399,7 @@ def build_learner_replica_pod(job: RLTrainingJob, options: BuildOptions, rank: i
     meta = _metadata(job, names.learner_replica_pod(job.metadata.name, rank), Component.LEARNER_REPLICA,
                      epoch=epoch, worker_index=rank)
     # rank 0's template and resources: GPU pools alike
-    return _ray_node_pod(job, options, meta, "learner", job.spec.learner, 0, learner_slots(1))
+    return _ray_node_pod(job, options, meta, "learner", job.spec.learner, 0, learner_slots(1), job.spec.learner.threads)
 
 
 def build_metrics_service(job: RLTrainingJob) -> dict[str, Any]:

@@ -38,6 +38,7 @@ import torch
 
 from kuberl.api.learner_slots import learner_slots
 from kuberl.trainer.algorithms import Algorithm, LearnStats, algorithm_for
+from kuberl.trainer.threads import container_cpus
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +124,9 @@ class LearnerRank:
     """Rank r >= 1: a copy of rank 0's algorithm that learns its share of each iteration."""
 
     def __init__(self, spec: Any, info: Any, rank: int, device: str, threads: int | None):
-        # Ray starts a CPU-less actor with OMP_NUM_THREADS=1; rank 0 has torch's default (every core
-        # it sees) unless spec.learner.threads says otherwise, and so does this rank.
-        torch.set_num_threads(threads or os.cpu_count() or 1)
+        # Ray starts a CPU-less actor with OMP_NUM_THREADS=1; rank 0 computes with its container's CPUs
+        # unless spec.learner.threads says otherwise, and so does this rank (its own pod's, on a cluster).
+        torch.set_num_threads(threads or container_cpus())
         self.seed = spec.seed
         self.algo = algorithm_for(spec, info, rank_device(device, rank), spec.seed, spec.stopping.max_env_steps)
         self.rank = rank

@@ -289,14 +289,19 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
     from kuberl.trainer.algorithms import algorithm_for
     from kuberl.trainer.rollout import make_env
     from kuberl.trainer.spaces import space_info
+    from kuberl.trainer.threads import container_cpus, size_threads
 
     import_seconds = time.perf_counter() - t0
     device = pick_device(spec.learner.device.value)
     if spec.learner.threads:
         torch.set_num_threads(spec.learner.threads)
-    elif device.type == "cpu" and not cluster:
+    elif device.type == "cpu" and cluster:
+        # A learner pod computes with its container's CPUs, not the node's (kuberl.trainer.threads).
+        size_threads()
+    elif device.type == "cpu":
         # Rollout workers share this machine's cores; a learner that grabs them all slows everyone.
         torch.set_num_threads(max(1, ((os.cpu_count() or 1) - replicas) // spec.learner.replicas))
+    log.info("torch threads: %d (container CPUs: %d)", torch.get_num_threads(), container_cpus())
     torch.manual_seed(spec.seed)
     env_spec = spec.environment
     probe = make_env(env_spec.id, env_spec.kwargs, env_spec.max_episode_steps)
