@@ -305,6 +305,18 @@ def test_kuberl_validate_refuses_by_default_and_takes_the_namespaces_allowance_a
     allowed = subprocess.run([*cli, "--pod-security", "privileged", "--service-account", "ci"],
                              capture_output=True, text=True, timeout=120, check=False)
     assert allowed.returncode == 0, allowed.stderr
+    # A cloud-identity label: refused unless allowed, as the chart's identityKeys allow it.
+    job["spec"]["rolloutWorkers"]["template"]["metadata"] = {"labels": {"azure.workload.identity/use": "true"}}
+    path.write_text(yaml.safe_dump(job))
+    flags = ["--pod-security", "privileged", "--service-account", "ci"]
+    refused = subprocess.run([*cli, *flags], capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == INVALID_SPEC_EXIT_CODE and "azure.workload.identity/use" in refused.stderr
+    allowed = subprocess.run([*cli, *flags, "--identity-key", "azure.workload.identity/"],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert allowed.returncode == 0, allowed.stderr
+    unknown = subprocess.run([*cli, *flags, "--identity-key", "example.com/x"],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert unknown.returncode != 0 and "--identity-key example.com/x" in unknown.stderr
 
 
 def test_the_operator_reads_its_allowances_and_refuses_a_bad_one():

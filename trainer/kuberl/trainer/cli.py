@@ -34,11 +34,18 @@ def _is_sweep_file(path: str) -> bool:
 
 
 def _tenancy(args: argparse.Namespace):
-    """`kuberl validate`'s --pod-security and --service-account: whatever namespace the file names gets the
-    allowance they describe, as the operator would give it."""
+    """`kuberl validate`'s --pod-security, --service-account and --identity-key: whatever namespace the file
+    names gets the allowance they describe, as the operator would give it (the chart's tenancy.namespaces)."""
+    from kuberl.api import cloud_identity
     from kuberl.api.tenancy import Allowance, Tenancy
 
-    return Tenancy(default=Allowance(args.pod_security, frozenset(args.service_account)))
+    unknown = [key for key in args.identity_key if not cloud_identity.grants(key)]
+    if unknown:
+        raise SystemExit(f"error: --identity-key {', '.join(unknown)}: not a label or annotation the operator refuses "
+                         f"as cloud identity (a key, or a prefix ending in '/', under one of "
+                         f"{', '.join(cloud_identity.IDENTITY_KEYS)})")
+    return Tenancy(default=Allowance(args.pod_security, frozenset(args.service_account),
+                                     frozenset(args.identity_key)))
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -362,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service-account", action="append", default=[], metavar="NAME",
                    help="a ServiceAccount the namespace allows a template to name (repeat for several; "
                         "default: none)")
+    p.add_argument("--identity-key", action="append", default=[], metavar="KEY",
+                   help="a cloud-identity label or annotation (or a prefix ending in '/') the namespace allows a "
+                        "template to set, as the chart's tenancy.namespaces.<ns>.identityKeys (repeat; default: none)")
     p.add_argument("--server", action="store_true",
                    help="also ask the API server of the current kube context: the job and every object the "
                         "operator would create for it, as server-side dry runs (validation, Pod Security, quota, "
