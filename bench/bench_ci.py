@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -100,7 +101,13 @@ def main() -> None:
                                   text=True, env={**os.environ, "CI": "true"}, check=False)
             entry["whole_command_seconds"] = round(time.monotonic() - started, 1)
             text = proc.stdout + proc.stderr
-            entry["source"] = f"bash .ci/run in a fresh clone of {subprocess.check_output(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, text=True).strip()}"
+            # The clone's commit: the repository's own may have moved on while the run went.
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=clone, text=True).strip()
+            entry["source"] = f"bash .ci/run in a fresh clone of {commit}"
+            # The whole output, for the failures' tracebacks (the result keeps only their names).
+            log = Path(tempfile.gettempdir()) / f"kuberl-ci-{label}.log"
+            log.write_text(text)
+            print(f"the run's output: {log}", file=sys.stderr)
             # what the run left on the disk (its clone's venv included, removed just after)
             entry["disk_gb_added"] = round((shutil.disk_usage("/").used - used_before) / 1e9, 1)
     entry.update(parse(text))
