@@ -357,12 +357,8 @@ def _process_start() -> float | None:
         return None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("validate", help="check a job file; print every problem; exit 2 when invalid")
-    p.add_argument("job", help="RLTrainingJob (or RLSweep) YAML file")
+def _tenancy_flags(p: argparse.ArgumentParser) -> None:
+    """`kuberl validate`'s allowance of the namespace, as the chart's tenancy.namespaces gives it."""
     p.add_argument("--pod-security", default="restricted", choices=["restricted", "baseline", "privileged"],
                    help="the Pod Security level the job's (or sweep's) namespace allows its pods (the operator's "
                         "default: restricted; a platform team may allow more per namespace)")
@@ -372,6 +368,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--identity-key", action="append", default=[], metavar="KEY",
                    help="a cloud-identity label or annotation (or a prefix ending in '/') the namespace allows a "
                         "template to set, as the chart's tenancy.namespaces.<ns>.identityKeys (repeat; default: none)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("validate", help="check a job file; print every problem; exit 2 when invalid")
+    p.add_argument("job", help="RLTrainingJob (or RLSweep) YAML file")
+    _tenancy_flags(p)
     p.add_argument("--server", action="store_true",
                    help="also ask the API server of the current kube context: the job and every object the "
                         "operator would create for it, as server-side dry runs (validation, Pod Security, quota, "
