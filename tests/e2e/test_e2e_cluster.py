@@ -271,7 +271,8 @@ def test_two_data_parallel_learners_train_to_complete(bed):
     bed.cluster.wait_for("pods", "cartpole-ddp-learner-1", namespace=NS, timeout=60)
     wait_complete(bed, "cartpole-ddp", 600)
     status = learner_figures(bed, "cartpole-ddp")
-    assert status["progress"]["meanReturn"] >= 195 and status["learnerRestarts"] == 0, status
+    restarts = [e["message"] for e in job_events(bed, "cartpole-ddp") if e["reason"] == "LearnerRestarted"]
+    assert status["progress"]["meanReturn"] >= 195 and status["learnerRestarts"] == 0, (status, restarts)
     logs = bed.kubectl("logs", "-n", NS, "cartpole-ddp-learner").stdout
     assert "2 data-parallel learners joined (gloo" in logs, logs[-3000:]
     delete_and_check_nothing_left(bed, "cartpole-ddp")

@@ -72,7 +72,8 @@ OWNED_CONTAINER_FIELDS = ("command", "args", "image", "ports", "resources", "rea
 OWNED_VOLUMES = ("tmp", "shm", "checkpoints", "preferences", "job-spec")
 OWNED_MOUNT_PATHS = ("/tmp", "/dev/shm", "/checkpoints", "/etc/kuberl/preferences", "/etc/kuberl/job")
 #: Environment of the role's own container: the job, the Ray address and the job's Ray token.
-OWNED_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+OWNED_ENV = ("RAY_USAGE_STATS_ENABLED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "RAY_raylet_start_wait_time_s",
+             "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 OWNED_ENV_PREFIX = "KUBERL_"
 #: Environment the operator sets as a default a template may replace (env merges by name): the thread
 #: pools, sized to the role's CPUs.

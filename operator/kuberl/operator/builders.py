@@ -37,9 +37,12 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 #: drain on SIGTERM. Ray's `ray start --block` otherwise drains its node for up to 30 s when the pod is
 #: deleted (meant for Serve replicas); a rollout actor keeps the node busy the whole time, so a scale-down,
 #: a suspend or a finished job's cleanup stalls the learner 30 s. A lost rollout actor
-#: costs one batch, and the learner checkpoints on its own SIGTERM.
+#: costs one batch, and the learner checkpoints on its own SIGTERM. A node's raylet may take 5 minutes to
+#: register with the GCS, not Ray's 60 s: on a busy node the learner's own Ray node missed that by seconds,
+#: and the learner exited, spending a backoffLimit restart on nothing but the node's load.
 RAY_ENV = [{"name": "RAY_USAGE_STATS_ENABLED", "value": "0"},
-           {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"}]
+           {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"},
+           {"name": "RAY_raylet_start_wait_time_s", "value": "300"}]
 
 
 
