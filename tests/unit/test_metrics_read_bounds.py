@@ -403,8 +403,12 @@ async def test_parsing_a_body_near_the_cap_leaves_the_event_loop_free(job, learn
     started = time.perf_counter()
     job_status.parse_learner_metrics(body.decode(), job_name=JOB)
     parse_seconds = time.perf_counter() - started
-    assert stall < LOOP_STALL_LIMIT, (f"the event loop stalled {stall:.3f} s while a {len(body)}-byte body was "
-                                      f"read and parsed (the parse alone takes {parse_seconds:.3f} s)")
+    # A parse on the loop would stall it for the whole parse; off the loop, only for the GIL's turns. On a
+    # machine busy enough to slow the parse, those turns slow too: the limit grows with the parse's own time
+    # (a quarter of it, still far below a blocked loop's whole parse), never below LOOP_STALL_LIMIT.
+    limit = max(LOOP_STALL_LIMIT, parse_seconds / 4)
+    assert stall < limit, (f"the event loop stalled {stall:.3f} s while a {len(body)}-byte body was "
+                           f"read and parsed (the parse alone takes {parse_seconds:.3f} s)")
 
 
 # ---- NaN, infinities, numbers the status cannot hold ----------------------------------------------------
