@@ -149,13 +149,18 @@ def host_port(rng, draft):
     return "bad" if port else "ok"
 
 
-def seccomp(rng, draft):
+def _profile(rng, draft, field: str, localhost: str) -> str:
+    """A seccomp or AppArmor profile (the same three types, the same rule) on the pod or a container."""
     kind = rng.choice(("RuntimeDefault", "Localhost", "Unconfined"))
     profile: dict[str, Any] = {"type": kind}
     if kind == "Localhost":
-        profile["localhostProfile"] = "profiles/p.json"
-    _context(rng, draft)["seccompProfile"] = profile
+        profile["localhostProfile"] = localhost
+    _context(rng, draft)[field] = profile
     return "bad" if kind == "Unconfined" else "ok"
+
+
+def seccomp(rng, draft):
+    return _profile(rng, draft, "seccompProfile", "profiles/p.json")
 
 
 def selinux(rng, draft):
@@ -177,12 +182,7 @@ def selinux(rng, draft):
 
 
 def apparmor_field(rng, draft):
-    kind = rng.choice(("RuntimeDefault", "Localhost", "Unconfined"))
-    profile: dict[str, Any] = {"type": kind}
-    if kind == "Localhost":
-        profile["localhostProfile"] = "k8s-profile"
-    _context(rng, draft)["appArmorProfile"] = profile
-    return "bad" if kind == "Unconfined" else "ok"
+    return _profile(rng, draft, "appArmorProfile", "k8s-profile")
 
 
 def apparmor_annotation(rng, draft):
