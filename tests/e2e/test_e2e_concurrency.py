@@ -72,6 +72,7 @@ def test_three_real_jobs_at_once_each_with_its_own_status_metrics_and_checkpoint
                                  check=False, timeout=630)
             assert result.returncode == 0, (f"{name}: {result.stderr}\n"
                                             f"{json.dumps(bed.cluster.get('rltj', name, NS).get('status'), indent=1)}\n"
+                                            f"{[(e.get('reason'), e.get('message')) for e in bed.cluster.events(NS)]}\n"
                                             f"{bed.operator_logs()[-3000:]}")
     finally:
         stop.set()
@@ -84,7 +85,8 @@ def test_three_real_jobs_at_once_each_with_its_own_status_metrics_and_checkpoint
     steps_seen = []
     for name, max_steps in jobs.items():
         status = bed.cluster.get("rltj", name, NS)["status"]
-        assert status["phase"] == "Succeeded" and status["learnerRestarts"] == 0, status
+        assert status["phase"] == "Succeeded" and status["learnerRestarts"] == 0, (
+                status, [(e.get("reason"), e.get("message")) for e in bed.cluster.events(NS, name)])
         run_dir = bed.agent.claim_dir(NS, f"{name}-checkpoints")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         # Its own learner's counters in its status, and on its own claim.

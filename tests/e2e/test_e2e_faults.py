@@ -473,7 +473,7 @@ def test_operator_stopped_longer_than_a_reconcile_interval(bed):
     for sample in f.obs.samples:
         if sample.t > f.fault_at:
             assert all(before.get(n) == u for n, u in sample.pods.items()), (before, sample.pods)
-    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, status
+    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, (status, events(bed, "fault-operator"))
     RESULTS[-1]["seconds_to_recover"] = resumed
     RESULTS[-1]["note"] = "seconds from the operator's start to status.progress moving again"
 

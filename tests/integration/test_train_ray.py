@@ -25,7 +25,8 @@ from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
 from kuberl.trainer.workers import start_ray
 
-RAY_BIN = str(Path(sys.executable).with_name("ray"))
+#: How the operator's pods start a Ray node (operator/kuberl/operator/builders.py RAY_START).
+RAY_START = [sys.executable, "-m", "kuberl.trainer.ray_node"]
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -213,7 +214,8 @@ def test_sigterm_to_the_process_checkpoints_its_last_iteration_and_exits_0(job_d
 
 
 def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp_path):
-    """The learner-pod path: `ray start --head`, two worker nodes with one rollout slot each, and
+    """The learner-pod path: a Ray head, two worker nodes with one rollout slot each, each started as the
+    operator's pods start them (`python -m kuberl.trainer.ray_node`: `ray start` with minimal agents), and
     `kuberl train --ray-address` joining them (token authentication on, as a cluster should run)."""
     if ray.is_initialized():
         ray.shutdown()
@@ -224,7 +226,7 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
     # Three nodes share this one host (on a cluster each pod has its own IP): every node gets its own
     # agent, metrics and worker ports, or two of them race for Ray's defaults (52365 and the worker port
     # range) and a raylet exits with "address already in use" (seen in CI: one slot never joined).
-    nodes = [subprocess.Popen([RAY_BIN, "start", "--head", f"--port={port}", "--num-cpus=0",
+    nodes = [subprocess.Popen([*RAY_START, "--head", f"--port={port}", "--num-cpus=0",
                                "--include-dashboard=false", "--object-store-memory=100000000", *common,
                                *_own_node_flags(0, temp_root)],
                               env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
@@ -239,7 +241,7 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
     try:
         # Worker nodes need a live head to join (the operator's worker pods wait for it the same way).
         _wait_for(head_listening, 120, "the Ray head")
-        worker_cmd = [RAY_BIN, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+        worker_cmd = [*RAY_START, f"--address=127.0.0.1:{port}", "--num-cpus=1",
                       "--object-store-memory=100000000", '--resources={"rollout_slot": 1}', *common]
         workers = [None, None]
 
@@ -268,6 +270,10 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
         # Both slots were used, each actor on its own node (the head offers no slot and no CPU).
         assert max(r["workers_ready"] for r in rows) == 2
         assert rows[-1]["workers_ready"] == 2 and rows[-1]["worker_nodes"] == 2
+        # Every node's dashboard agent ran minimal: it wrote "no metrics agent" (-1) at once, so no raylet
+        # waited on its imports.
+        ports = sorted(temp_root.glob("n*/session_*/metrics_agent_port_*"))
+        assert len(ports) >= 3 and {p.read_text().strip() for p in ports} == {"-1"}, ports
     finally:
         for node in reversed(nodes):
             if node.poll() is None:

@@ -114,7 +114,7 @@ BAD = {
         volume={"claimName": "checkpoints", "sizeLimit": "1Gi"}),
         "spec.checkpointing.volume", "claimName and sizeLimit exclude each other"),
     **{f"metrics-port-{port}": (spec(metrics={"port": port}), "spec.metrics.port", "must not be one of Ray's ports")
-       for port in (6379, 8265, 10001, 10002, 15000, 19999, 52365)},
+       for port in (6379, 6380, 8265, 10001, 10002, 15000, 19999, 52365)},
     "no-stopping-limit": (spec(stopping={"targetReturn": 475}), "spec.stopping", "at least one of maxEpisodes"),
     "async-ppo": (spec(collection={"mode": "async"}), "spec", "async needs an off-policy algorithm"),
     "serving-without-claim": (spec(serving={}), "spec", "serving needs checkpointing.volume.claimName"),

@@ -30,7 +30,8 @@ def test_learner_replica_pod_is_a_ray_node_with_one_learner_slot_and_the_learner
     assert labels["app.kubernetes.io/component"] == Component.LEARNER_REPLICA.value
     container = pod["spec"]["containers"][0]
     command = container["command"]
-    assert command[:2] == ["ray", "start"] and "--block" in command and "--num-cpus=0" in command
+    assert command[:3] == ["python3", "-m", "kuberl.trainer.ray_node"]
+    assert "--block" in command and "--num-cpus=0" in command
     resources = json.loads(next(c for c in command if c.startswith("--resources="))[len("--resources="):])
     assert resources == {"learner_slot": 1}
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -89,13 +89,14 @@ def test_head_pod_runs_ray_head_without_cpus_and_names_its_ports(job):
     pod = builders.build_head_pod(job, OPTIONS, epoch=2)
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "registry.local/kuberl-trainer:test"
-    assert container["command"][:3] == ["ray", "start", "--head"]
+    assert container["command"][:4] == ["python3", "-m", "kuberl.trainer.ray_node", "--head"]
     assert "--port=6379" in container["command"] and "--block" in container["command"]
     assert "--num-cpus=0" in container["command"]  # no rollout work on the head
-    assert "--dashboard-host=0.0.0.0" in container["command"]
+    assert "--include-dashboard=false" in container["command"]  # its agents are minimal (ray_node)
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
-        "gcs": 6379, "dashboard": 8265, "client": 10001}
-    assert container["readinessProbe"]["tcpSocket"] == {"port": "gcs"}
+        "gcs": 6379, "raylet": 6380, "client": 10001}
+    assert "--node-manager-port=6380" in container["command"]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "raylet"}
     assert container["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
     assert pod["metadata"]["labels"]["kuberl.dev/ray-epoch"] == "2"
     assert pod["spec"]["restartPolicy"] == "Never"
@@ -107,7 +108,7 @@ def test_head_service_is_headless_and_selects_only_the_head(job):
     assert svc["spec"]["selector"] == {"kuberl.dev/job-name": "cartpole-ppo", "kuberl.dev/component": "head"}
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
-        ("gcs", 6379, "gcs"), ("dashboard", 8265, "dashboard"), ("client", 10001, "client")]
+        ("gcs", 6379, "gcs"), ("raylet", 6380, "raylet"), ("client", 10001, "client")]
 
 
 def test_worker_pod_joins_the_head_with_one_rollout_slot(job_dict):
@@ -117,9 +118,9 @@ def test_worker_pod_joins_the_head_with_one_rollout_slot(job_dict):
     pod = builders.build_worker_pod(job, OPTIONS, 4)
     (container,) = pod["spec"]["containers"]
     assert container["command"] == [
-        "ray", "start", "--address=cartpole-ppo-head.default.svc:6379", "--block", "--num-cpus=2",
-        '--resources={"rollout_slot": 1}', "--disable-usage-stats"]
-    assert json.loads(container["command"][5].split("=", 1)[1]) == {"rollout_slot": 1}
+        "python3", "-m", "kuberl.trainer.ray_node", "--address=cartpole-ppo-head.default.svc:6379", "--block",
+        "--num-cpus=2", '--resources={"rollout_slot": 1}', "--disable-usage-stats"]
+    assert json.loads(container["command"][6].split("=", 1)[1]) == {"rollout_slot": 1}
     assert container["resources"] == {"requests": {"cpu": "1500m"}, "limits": {"memory": "1Gi"}}
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
     (init,) = pod["spec"]["initContainers"]
@@ -127,6 +128,35 @@ def test_worker_pod_joins_the_head_with_one_rollout_slot(job_dict):
     assert "socket.create_connection" in init["command"][2] and "KUBERL_RAY_ADDRESS" in init["command"][2]
     assert env_of(init)["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.default.svc:6379"
     assert pod["metadata"]["name"] == "cartpole-ppo-worker-4"
+
+
+def test_wait_for_head_returns_only_once_the_heads_gcs_and_its_raylet_both_answer(job):
+    """The init container's script, run for real against sockets on a loopback address of its own: with
+    only the GCS up it keeps waiting (a worker started then would give up on the head's unregistered
+    node), and it returns once the head's raylet port answers too."""
+    import socket
+    import subprocess
+    import sys
+
+    init = builders.build_worker_pod(job, OPTIONS, 0)["spec"]["initContainers"][0]
+    host = "127.0.0.77"
+    gcs = socket.create_server((host, 0))
+    env = {"KUBERL_RAY_ADDRESS": f"{host}:{gcs.getsockname()[1]}", "PATH": "/usr/bin:/bin"}
+    script = init["command"][2].replace("exec python3", f"exec {sys.executable}", 1)
+    proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        # It got past the GCS and now waits on the raylet: a line naming the raylet's port says so.
+        line = proc.stdout.readline()
+        while f":{names.HEAD_RAYLET_PORT} " not in line:
+            assert line, "the script ended before the head's raylet port was up"
+            line = proc.stdout.readline()
+        assert proc.poll() is None
+        with socket.create_server((host, names.HEAD_RAYLET_PORT)):
+            assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        gcs.close()
 
 
 @pytest.mark.parametrize(("resources", "cpus"), [
@@ -152,7 +182,7 @@ def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
     (container,) = pod["spec"]["containers"]
     assert container["command"][:2] == ["sh", "-c"]
     script = container["command"][2]
-    assert script.startswith('ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0')
+    assert script.startswith('python3 -m kuberl.trainer.ray_node --address="$KUBERL_RAY_ADDRESS" --num-cpus=0')
     assert script.endswith("& exec kuberl learner"), "the raylet starts while the learner imports"
     env = env_of(container)
     assert env["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.rl.svc:6379"

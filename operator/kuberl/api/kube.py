@@ -177,7 +177,8 @@ def check_image(ref: str) -> str:
 
 #: Ports Ray listens on in the job's pods (the learner pod runs a raylet too): a metrics port there
 #: would fail to bind or shadow Ray. 10002-19999 is Ray's default worker port range.
-RAY_PORTS = {6379: "Ray GCS", 8265: "Ray dashboard", 10001: "Ray client server", 52365: "Ray dashboard agent"}
+RAY_PORTS = {6379: "Ray GCS", 6380: "Ray head raylet", 8265: "Ray dashboard", 10001: "Ray client server",
+             52365: "Ray dashboard agent"}
 RAY_WORKER_PORTS = (10002, 19999)
 
 

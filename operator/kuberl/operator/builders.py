@@ -54,28 +54,38 @@ def _ray_env(job: RLTrainingJob) -> list[dict[str, Any]]:
     return [*RAY_ENV, {"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": token}]
 
 
-# Workers and the learner wait for the head's GCS port before starting, instead of failing (and, for
-# the learner, spending a backoffLimit restart) while the head's image is still being pulled. A socket
-# probe every half second: `ray health-check` costs a second and a half of imports per try.
+# Workers and the learner wait for the head before starting, instead of failing (and, for the learner,
+# spending a backoffLimit restart) while the head's image is pulled or its node starts. They wait for
+# the GCS port and then the head's raylet port: `ray start --address` gives up after about 40 s when the
+# head's node has not registered with its GCS, and on a busy node the head's GCS answers for minutes
+# before its raylet is up, so a wait on the GCS alone sent workers into a loop of failed starts that
+# took the CPU the head needed. A socket probe every half second: `ray health-check` costs a second and
+# a half of imports per try.
 _WAIT_FOR_HEAD = (
     "exec python3 -c '"
     "import os, socket, time\n"
     "host, port = os.environ[\"KUBERL_RAY_ADDRESS\"].rsplit(\":\", 1)\n"
-    "while True:\n"
-    "    try:\n"
-    "        socket.create_connection((host, int(port)), timeout=2).close()\n"
-    "        break\n"
-    "    except OSError as err:\n"
-    "        print(f\"waiting for the Ray head at {host}:{port} ({err})\", flush=True)\n"
-    "        time.sleep(0.5)\n"
+    f"for port in (int(port), {names.HEAD_RAYLET_PORT}):\n"
+    "    while True:\n"
+    "        try:\n"
+    "            socket.create_connection((host, port), timeout=2).close()\n"
+    "            break\n"
+    "        except OSError as err:\n"
+    "            print(f\"waiting for the Ray head at {host}:{port} ({err})\", flush=True)\n"
+    "            time.sleep(0.5)\n"
     "'"
 )
 # A Ray driver needs a raylet on its own host: the learner pod joins the cluster as a node with no
 # CPUs (so no rollout actor lands on it). The raylet starts in the background while the learner
 # imports torch and builds its networks; the learner's ray.init waits for the local node to register.
 _LEARNER_SCRIPT = (
-    'ray start --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats & exec kuberl learner'
+    'python3 -m kuberl.trainer.ray_node --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats '
+    '& exec kuberl learner'
 )
+#: `ray start` with the node's agents in Ray's minimal mode (the trainer image's kuberl.trainer.ray_node):
+#: the full dashboard agent's imports missed the raylet's fixed 15 s wait for them on a busy node and the
+#: raylet aborted. So no Ray dashboard: the job's metrics come from the learner.
+RAY_START = ["python3", "-m", "kuberl.trainer.ray_node"]
 
 
 @dataclass(frozen=True)
@@ -218,13 +228,13 @@ def _wait_for_head(job: RLTrainingJob, options: BuildOptions, resources: Resourc
 
 
 def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> dict[str, Any]:
-    """The Ray head: GCS, dashboard and client server; no CPUs, so no rollout work lands on it."""
+    """The Ray head: GCS and client server, no dashboard; no CPUs, so no rollout work lands on it."""
     head = job.spec.head
     command = [
-        "ray", "start", "--head",
+        *RAY_START, "--head",
         f"--port={names.GCS_PORT}",
-        f"--dashboard-port={names.DASHBOARD_PORT}",
-        "--dashboard-host=0.0.0.0",
+        f"--node-manager-port={names.HEAD_RAYLET_PORT}",
+        "--include-dashboard=false",
         f"--ray-client-server-port={names.CLIENT_PORT}",
         "--num-cpus=0",
         "--disable-usage-stats",
@@ -236,10 +246,11 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
         [*_ray_env(job), *threads_env(head.resources)],
         ports=[
             {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
-            {"name": "dashboard", "containerPort": names.DASHBOARD_PORT, "protocol": "TCP"},
+            {"name": "raylet", "containerPort": names.HEAD_RAYLET_PORT, "protocol": "TCP"},
             {"name": "client", "containerPort": names.CLIENT_PORT, "protocol": "TCP"},
         ],
-        readinessProbe={"tcpSocket": {"port": "gcs"}, "periodSeconds": 5, "failureThreshold": 3},
+        # Ready when its own node is up (the raylet), not at the GCS alone: the others wait for that too.
+        readinessProbe={"tcpSocket": {"port": "raylet"}, "periodSeconds": 5, "failureThreshold": 3},
         volumeMounts=[shm_mount],
     )
     meta = _metadata(job, names.head_pod(job.metadata.name), Component.HEAD, epoch=epoch)
@@ -261,7 +272,7 @@ def build_head_service(job: RLTrainingJob) -> dict[str, Any]:
             "selector": names.selector(job_name, Component.HEAD),
             "ports": [
                 {"name": "gcs", "port": names.GCS_PORT, "targetPort": "gcs", "protocol": "TCP"},
-                {"name": "dashboard", "port": names.DASHBOARD_PORT, "targetPort": "dashboard", "protocol": "TCP"},
+                {"name": "raylet", "port": names.HEAD_RAYLET_PORT, "targetPort": "raylet", "protocol": "TCP"},
                 {"name": "client", "port": names.CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
             ],
         },
@@ -287,7 +298,7 @@ def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any
     """A pod that joins the job's Ray cluster as a node offering `num_cpus` and `slots`, with the role's
     resources, node selector and template (rollout workers, data-parallel learner ranks)."""
     command = [
-        "ray", "start",
+        *RAY_START,
         f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}",
         "--block",
         f"--num-cpus={num_cpus}",

@@ -34,7 +34,8 @@ class Component(str, enum.Enum):
 
 # Ray ports on the head (named in the pod and in the headless Service).
 GCS_PORT = 6379
-DASHBOARD_PORT = 8265
+#: The head's raylet: fixed, so that a pod can wait for the head's own node, not only its GCS.
+HEAD_RAYLET_PORT = 6380
 CLIENT_PORT = 10001
 #: Learner metrics port when the spec says 0 ("pick a free one" only makes sense locally).
 DEFAULT_METRICS_PORT = 8080

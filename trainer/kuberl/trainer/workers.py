@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
+from kuberl.trainer.ray_node import minimal_agents, polling_get_node
 from kuberl.trainer.rollout import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -118,10 +119,9 @@ def _lean_local_head():
 
         patch(parameter.RayParams, "__init__", lean_params)
     patch(ray_node.Node, "start_api_server", lambda self, **_: None)
-    patch(ray_utils, "get_dashboard_dependency_error",
-          lambda: ImportError("kuberl: a training run's embedded Ray runs its node agent minimal"))
+    patch(ray_utils, "get_dashboard_dependency_error", minimal_agents)
     if hasattr(services, "get_node") and hasattr(services, "_get_gcs_client_options"):
-        patch(services, "get_node", _polling_get_node(services.get_node, services._get_gcs_client_options))
+        patch(services, "get_node", polling_get_node(services.get_node, services._get_gcs_client_options))
     saved = {key: os.environ.get(key) for key in _FAST_CONNECT_RETRIES}
     for key, value in _FAST_CONNECT_RETRIES.items():
         os.environ.setdefault(key, value)  # the raylet inherits them; a user's own settings win
@@ -135,32 +135,6 @@ def _lean_local_head():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def _polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable[[str], Any]):
-    """Ray's get_node, called once the node is in the GCS's node table (asked every 20 ms, 30 s at
-    most): Ray's own call waits in one-second steps, and the raylet registers a little after one."""
-    from ray._private.state import GlobalState
-
-    def polling(gcs_address: str, node_id: str) -> Any:
-        state = GlobalState()
-        try:
-            state._initialize_global_state(gcs_options(gcs_address))
-            deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline:
-                if any(n.get("NodeID") == node_id for n in state.node_table()):
-                    break
-                time.sleep(0.02)
-        except Exception as err:  # noqa: BLE001 - noqa: BLE001 - Ray's own call below decides; this only saves time
-            log.debug("node table poll failed (%s); leaving it to ray", err)
-        finally:
-            try:
-                state.disconnect()
-            except Exception as err:  # noqa: BLE001 - noqa: BLE001 - nothing to release
-                log.debug("node table poll: disconnect failed (%s)", err)
-        return get_node(gcs_address, node_id)
-
-    return polling
 
 
 def stop_local_ray_after_exit() -> bool:

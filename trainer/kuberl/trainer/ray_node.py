@@ -1,0 +1,121 @@
+"""`python -m kuberl.trainer.ray_node <ray start arguments>`: Ray's own `ray start`, with the node's agents
+in Ray's minimal mode and a start that failed tried again. Every Ray node of a job's pods (the head, the
+rollout workers, the learners) starts through it.
+
+Why: a raylet waits 15 s, fixed in Ray's C++ and not configurable, for its dashboard agent to write its
+port files, then aborts (`Timed out waiting for file .../metrics_agent_port_...`). The full agent imports
+the dashboard's modules first, several seconds of CPU; on a busy node (three jobs' heads starting beside
+other work on two cores) it missed the 15 s, the head's raylet aborted, and `ray start` noticed only
+minutes later, when one call to the GCS for the node ran out; the head pod failed and the job spent a
+backoffLimit restart. So:
+- the agents run in minimal mode (what Ray runs where `ray[default]`'s extras are not installed): they
+  write their ports after far fewer imports. What the job loses is Ray's dashboard and Ray's own node
+  metrics, which KubeRL does not use (the learner exports the job's metrics itself). Ray has no switch for
+  this: the check Ray makes for those extras is answered "missing" in this process, which builds the
+  agents' command lines;
+- the node's registration is polled in the GCS's node table, and a node not there after `REGISTER_S` is a
+  failed start (`polling_get_node`), instead of one call that waited minutes;
+- a failed start (the node never came up: Ray raised while starting it) is cleaned up (`ray stop --force`
+  in this container) and tried again, `ATTEMPTS` times in all, before the container fails. A failure
+  after the node is up (`--block` seeing a Ray process exit) ends the container at once, as before.
+Nothing here imports torch: a worker or head pod never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+MINIMAL_REASON = "kuberl: Ray's agents run in minimal mode (kuberl.trainer.ray_node)"
+#: Starts of the node tried in one container before it fails (and the operator's restart rules apply).
+ATTEMPTS = 3
+#: How long a node may take to appear in the GCS's node table before its start counts as failed: the
+#: raylet registers once its agents have written their ports, which it waits 15 s for, so a node not
+#: there after four times that has failed (on the busiest run seen, registration came within 25 s).
+REGISTER_S = 60.0
+
+
+class NodeStartFailed(Exception):
+    """Ray raised while starting this node's processes: nothing of the node is serving yet."""
+
+
+def minimal_agents() -> ImportError:
+    """What `ray._private.utils.get_dashboard_dependency_error` answers under KubeRL: the extras are
+    missing, so Ray starts its agents minimal and no dashboard."""
+    return ImportError(MINIMAL_REASON)
+
+
+def polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable[[str], Any],
+                     wait_s: float = 30.0, fail: bool = False) -> Callable[[str, str], Any]:
+    """Ray's get_node, called once the node is in the GCS's node table (asked every 20 ms, `wait_s` at
+    most): Ray's own call waits in one-second steps, and on a busy GCS one call waited minutes. With
+    `fail`, a node not in the table by then raises RuntimeError (what Ray's start loop takes as "not
+    registered yet", and gives up on after its own 30 s) instead of asking Ray's call."""
+    from ray._private.state import GlobalState
+
+    def polling(gcs_address: str, node_id: str) -> Any:
+        state = GlobalState()
+        found = False
+        try:
+            state._initialize_global_state(gcs_options(gcs_address))
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not found:
+                found = any(n.get("NodeID") == node_id for n in state.node_table())
+                if not found:
+                    time.sleep(0.02)
+        except Exception as err:  # noqa: BLE001 - Ray's own call below decides; this only saves time
+            log.debug("node table poll failed (%s); leaving it to ray", err)
+            found = True
+        finally:
+            try:
+                state.disconnect()
+            except Exception as err:  # noqa: BLE001 - nothing to release
+                log.debug("node table poll: disconnect failed (%s)", err)
+        if fail and not found:
+            raise RuntimeError(f"node {node_id} not registered with the GCS after {wait_s:.0f} s")
+        return get_node(gcs_address, node_id)
+
+    return polling
+
+
+def _patch_ray() -> None:
+    from ray._private import node as ray_node
+    from ray._private import services
+    from ray._private import utils as ray_utils
+
+    ray_utils.get_dashboard_dependency_error = minimal_agents
+    services.get_node = polling_get_node(services.get_node, services._get_gcs_client_options,
+                                         wait_s=REGISTER_S, fail=True)
+    start_node = ray_node.Node.__init__
+
+    def node_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            start_node(self, *args, **kwargs)
+        except Exception as err:
+            raise NodeStartFailed(str(err)) from err
+
+    ray_node.Node.__init__ = node_init
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ray.scripts import scripts
+
+    args = sys.argv[1:] if argv is None else argv
+    _patch_ray()
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            scripts.cli.main(args=["start", *args], standalone_mode=False)
+            return 0
+        except NodeStartFailed as err:
+            print(f"kuberl: the Ray node failed to start (attempt {attempt} of {ATTEMPTS}): {err}",
+                  file=sys.stderr, flush=True)
+            scripts.cli.main(args=["stop", "--force"], standalone_mode=False)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
