@@ -78,14 +78,14 @@ _WAIT_FOR_HEAD = (
 # A Ray driver needs a raylet on its own host: the learner pod joins the cluster as a node with no
 # CPUs (so no rollout actor lands on it). The raylet starts in the background while the learner
 # imports torch and builds its networks; the learner's ray.init waits for the local node to register.
-_LEARNER_SCRIPT = (
-    'python3 -m kuberl.trainer.ray_node --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats '
-    '& exec kuberl learner'
-)
 #: `ray start` with the node's agents in Ray's minimal mode (the trainer image's kuberl.trainer.ray_node):
 #: the full dashboard agent's imports missed the raylet's fixed 15 s wait for them on a busy node and the
 #: raylet aborted. So no Ray dashboard: the job's metrics come from the learner.
 RAY_START = ["python3", "-m", "kuberl.trainer.ray_node"]
+_LEARNER_SCRIPT = (
+    f'{" ".join(RAY_START)} --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats '
+    '& exec kuberl learner'
+)
 
 
 @dataclass(frozen=True)
