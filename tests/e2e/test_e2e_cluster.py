@@ -351,11 +351,12 @@ def test_a_jobs_ray_cluster_admits_only_its_own_token_and_the_job_still_trains(b
     assert len(token) == 64 and token not in json.dumps(bed.cluster.get("pods", "ray-token-head", NS))
     admitted = _stranger(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     assert "ADMITTED" in admitted, admitted
-    # Ray's dashboard (its job-submission API) wants the token too.
+    # Ray's dashboard (its job-submission API, which runs code) is not served at all: the head starts
+    # without it, so nothing listens on its port.
     dashboard = _stranger(bed, "import sys, urllib.request as u\ntry:\n u.urlopen(sys.argv[1], timeout=10)\n"
                                " print('OPEN')\nexcept Exception as err:\n print('CLOSED', err)\n",
                           f"http://{head_ip}:8265/api/jobs/")
-    assert "CLOSED HTTP Error 401" in dashboard or "CLOSED HTTP Error 403" in dashboard, dashboard
+    assert "CLOSED" in dashboard and "Connection refused" in dashboard, dashboard
 
     wait_complete(bed, "ray-token", 600)
     assert learner_figures(bed, "ray-token")["progress"]["envSteps"] >= 60_000

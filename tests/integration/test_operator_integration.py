@@ -207,7 +207,7 @@ def test_job_becomes_k_plus_2_pods_services_and_a_status_that_follows_the_kubele
             head_svc = cluster.wait_for("services", HEAD)
             assert head_svc["spec"]["clusterIP"] == "None"
             assert head_svc["spec"]["selector"] == {"kuberl.dev/job-name": JOB, "kuberl.dev/component": "head"}
-            assert {p["name"] for p in head_svc["spec"]["ports"]} == {"gcs", "dashboard", "client"}
+            assert {p["name"] for p in head_svc["spec"]["ports"]} == {"gcs", "raylet", "client"}
             assert cluster.get("services", f"{JOB}-metrics")["spec"]["ports"][0]["port"] == port
             assert {n["metadata"]["name"] for n in cluster.list("networkpolicies")} == {f"{JOB}-ray", f"{JOB}-learner"}
 

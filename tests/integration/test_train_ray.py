@@ -287,6 +287,64 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
         shutil.rmtree(temp_root, ignore_errors=True)
 
 
+def _descendants(pid: int, name: str) -> list:
+    import psutil  # Ray's own copy, on the path once ray is imported
+
+    return [p for p in psutil.Process(pid).children(recursive=True)
+            if p.name() == name and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_node_whose_raylet_aborts_is_cleaned_up_and_started_again_leaving_other_nodes_alone(tmp_path):
+    """A Ray node's start that fails (here its raylet's port is taken, so the raylet aborts at once, as it
+    did when its agents were slow) is noticed at once, its processes are stopped, and the node starts
+    again; another node on the same host (another job's, wherever nodes share a host) keeps running."""
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: socket paths live under it
+    common = ["--head", "--block", "--num-cpus=0", "--include-dashboard=false", "--object-store-memory=100000000",
+              "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    nodes = []
+    try:
+        bystander = subprocess.Popen([*RAY_START, f"--port={_free_port()}", *common, *_own_node_flags(0, temp_root)],
+                                     env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        nodes.append(bystander)
+        _wait_for(lambda: _descendants(bystander.pid, "raylet"), 120, "the other node's raylet")
+        log = tmp_path / "node.log"
+        flags = [f for f in _own_node_flags(1, temp_root) if not f.startswith("--node-manager-port=")]
+        node = subprocess.Popen([*RAY_START, f"--port={_free_port()}", f"--node-manager-port={taken}", *common,
+                                 *flags], env=env, start_new_session=True, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT)
+        nodes.append(node)
+        _wait_for(lambda: "attempt 1 of 3" in log.read_text() or node.poll() is not None, 180, "the first start's failure")
+        text = log.read_text()
+        assert "its raylet exited before it registered" in text, text[-3000:]
+        busy.close()  # the port is free for the second start
+        _wait_for(lambda: "Ray runtime started" in log.read_text() or node.poll() is not None, 180, "the second start")
+        text = log.read_text()
+        assert node.poll() is None and "attempt 2 of 3" not in text, text[-3000:]
+        # The failed start left nothing behind (its GCS and raylet were stopped and reaped) ...
+        assert len(_descendants(node.pid, "raylet")) == 1 and len(_descendants(node.pid, "gcs_server")) == 1
+        # ... and its clean-up stopped only its own processes (`ray stop` would have killed these too).
+        assert bystander.poll() is None
+        assert len(_descendants(bystander.pid, "raylet")) == 1 and len(_descendants(bystander.pid, "gcs_server")) == 1
+    finally:
+        busy.close()
+        for proc in nodes:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in nodes:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        shutil.rmtree(temp_root, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_ppo_learns_cartpole(job_dict, tmp_path):
     if ray.is_initialized():

@@ -15,8 +15,10 @@ backoffLimit restart. So:
   agents' command lines;
 - the node's registration is polled in the GCS's node table, and a node not there after `REGISTER_S` is a
   failed start (`polling_get_node`), instead of one call that waited minutes;
-- a failed start (the node never came up: Ray raised while starting it) is cleaned up (`ray stop --force`
-  in this container) and tried again, `ATTEMPTS` times in all, before the container fails. A failure
+- a failed start (the node never came up: Ray raised while starting it) is cleaned up (every process
+  this one started, and theirs: never `ray stop`, which kills every Ray process of the host, other
+  nodes' and other jobs' too wherever nodes share a host) and tried again, `ATTEMPTS` times in all,
+  before the container fails. A failure
   after the node is up (`--block` seeing a Ray process exit) ends the container at once, as before.
 Nothing here imports torch: a worker or head pod never needs it.
 """
@@ -49,23 +51,41 @@ def minimal_agents() -> ImportError:
     return ImportError(MINIMAL_REASON)
 
 
+def raylet_exited() -> bool:
+    """Whether this process started a raylet and none of them still runs: a raylet that aborted (a port
+    taken, its agents too slow) never registers, and waiting out `REGISTER_S` for it is a minute lost."""
+    import psutil  # Ray's own copy (its thirdparty_files, on the path once ray is imported)
+
+    raylets = []
+    for child in psutil.Process().children():
+        try:
+            if child.name() == "raylet":
+                raylets.append(child.status() != psutil.STATUS_ZOMBIE)
+        except psutil.NoSuchProcess:
+            raylets.append(False)
+    return bool(raylets) and not any(raylets)
+
+
 def polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable[[str], Any],
-                     wait_s: float = 30.0, fail: bool = False) -> Callable[[str, str], Any]:
+                     wait_s: float = 30.0, fail: bool = False,
+                     exited: Callable[[], bool] = raylet_exited) -> Callable[[str, str], Any]:
     """Ray's get_node, called once the node is in the GCS's node table (asked every 20 ms, `wait_s` at
-    most): Ray's own call waits in one-second steps, and on a busy GCS one call waited minutes. With
-    `fail`, a node not in the table by then raises RuntimeError (what Ray's start loop takes as "not
-    registered yet", and gives up on after its own 30 s) instead of asking Ray's call."""
+    most, and no longer once `exited` says the node's raylet is gone): Ray's own call waits in one-second
+    steps, and on a busy GCS one call waited minutes. With `fail`, a node not in the table by then raises
+    RuntimeError (what Ray's start loop takes as "not registered yet", and gives up on after its own 30 s)
+    instead of asking Ray's call."""
     from ray._private.state import GlobalState
 
     def polling(gcs_address: str, node_id: str) -> Any:
         state = GlobalState()
-        found = False
+        found = gone = False
         try:
             state._initialize_global_state(gcs_options(gcs_address))
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and not found:
+            while time.monotonic() < deadline and not found and not gone:
                 found = any(n.get("NodeID") == node_id for n in state.node_table())
-                if not found:
+                gone = not found and exited()
+                if not found and not gone:
                     time.sleep(0.02)
         except Exception as err:  # noqa: BLE001 - Ray's own call below decides; this only saves time
             log.debug("node table poll failed (%s); leaving it to ray", err)
@@ -75,6 +95,9 @@ def polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable[
                 state.disconnect()
             except Exception as err:  # noqa: BLE001 - nothing to release
                 log.debug("node table poll: disconnect failed (%s)", err)
+        if fail and gone:
+            # Not a RuntimeError: Ray's start loop would take that as "not yet" and ask again for 30 s.
+            raise NodeStartFailed(f"node {node_id}: its raylet exited before it registered (its raylet.out says why)")
         if fail and not found:
             raise RuntimeError(f"node {node_id} not registered with the GCS after {wait_s:.0f} s")
         return get_node(gcs_address, node_id)
@@ -101,6 +124,23 @@ def _patch_ray() -> None:
     ray_node.Node.__init__ = node_init
 
 
+def stop_own_processes(timeout_s: float = 10.0) -> int:
+    """Kill every process this one started, and theirs (the raylet's agents and workers), and reap them:
+    what a failed start left behind. Returns how many there were."""
+    import psutil  # Ray's own copy (its thirdparty_files, on the path once ray is imported)
+
+    # The whole tree first: a child killed before its own children are listed would leave them orphaned,
+    # out of reach of this process.
+    tree = psutil.Process().children(recursive=True)
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=timeout_s)
+    return len(tree)
+
+
 def main(argv: list[str] | None = None) -> int:
     from ray.scripts import scripts
 
@@ -113,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         except NodeStartFailed as err:
             print(f"kuberl: the Ray node failed to start (attempt {attempt} of {ATTEMPTS}): {err}",
                   file=sys.stderr, flush=True)
-            scripts.cli.main(args=["stop", "--force"], standalone_mode=False)
+            stop_own_processes()
     return 1
 
 
