@@ -60,7 +60,7 @@ def run_kopf_in_thread(
 
     `target` is a kopf.OperatorRegistry (given a login handler that reads $KUBECONFIG), or a
     module (object or dotted name) that registers its handlers on kopf's default registry when
-    imported, such as `kuberl.operator.handlers`; None means the default registry as it is.
+    imported, such as `kuberl.operator.controllers`; None means the default registry as it is.
     Returns once kopf reports ready; on exit, stops kopf and re-raises whatever made it fail.
     Use it from sync tests: kopf's shutdown would cancel pytest-asyncio's tasks if it shared the
     test's loop. `settings_hook(settings)` adjusts kopf's settings before it starts.

@@ -26,7 +26,7 @@ from conftest import REPO
 from kuberl.api.load import InvalidJob, load_job_file
 from kuberl.operator import lifecycle
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.handlers import JobLoop
+from kuberl.operator.jobs import JobLoop
 from kuberl.trainer import cli
 from kuberl.trainer.envs.resolve import check_environment
 
@@ -104,7 +104,7 @@ def refused(cluster_session, tmp_path_factory) -> Iterator[tuple[ClusterNamespac
     import kubernetes
     from bed.kopf_thread import run_kopf_in_thread
 
-    from kuberl.operator.handlers import build_registry, memo_for
+    from kuberl.operator.controllers import build_registry, memo_for
     from kuberl.operator.metrics import OperatorMetrics
     from kuberl.operator.runtime import OperatorConfig, Runtime
 

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.handlers import build_registry, memo_for
+from kuberl.operator.controllers import build_registry, memo_for
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import OperatorConfig, Runtime
 

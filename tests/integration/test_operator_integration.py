@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.operator import rbac
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.handlers import build_registry, memo_for
+from kuberl.operator.controllers import build_registry, memo_for
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import OperatorConfig, Runtime
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics

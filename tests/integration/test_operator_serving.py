@@ -122,7 +122,7 @@ def test_operator_creates_the_serving_deployment_and_service_once_the_job_succee
     from bed.kopf_thread import run_kopf_in_thread
 
     from kuberl.operator import rbac
-    from kuberl.operator.handlers import build_registry, memo_for
+    from kuberl.operator.controllers import build_registry, memo_for
     from kuberl.operator.runtime import OperatorConfig, Runtime
 
     config = OperatorConfig(reconcile_interval=0.5, idle_interval=0.5, progress_interval=0.2,

@@ -22,7 +22,7 @@ from tools import REPO
 from kuberl.api.crd import sweep_crd_yaml
 from kuberl.operator import rbac
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.handlers import build_registry, memo_for
+from kuberl.operator.controllers import build_registry, memo_for
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import OperatorConfig, Runtime
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics

@@ -221,7 +221,7 @@ class NotInTheOperatorImage(importlib.abc.MetaPathFinder):
             raise ImportError(f"{name} is not installed in the operator image")
 sys.meta_path.insert(0, NotInTheOperatorImage())
 from kuberl.operator import main
-from kuberl.operator.handlers import build_registry
+from kuberl.operator.controllers import build_registry
 from kuberl.operator import builders
 from kuberl.api.load import load_job_file
 from kuberl.api.semantics import check_registered

@@ -25,7 +25,7 @@ from kuberl.api.load import parse_job
 from kuberl.operator import lifecycle
 from kuberl.operator import status as job_status
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.handlers import ProgressReader
+from kuberl.operator.jobs import ProgressReader
 from kuberl.operator.lifecycle import JobMeta, PodView
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.names import Component
@@ -232,7 +232,7 @@ _READ_A_GIB = r"""
 import asyncio, json, logging, resource, sys, time
 import yaml
 from kuberl.api.load import parse_job
-from kuberl.operator.handlers import ProgressReader
+from kuberl.operator.jobs import ProgressReader
 from kuberl.operator.lifecycle import PodView
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.names import Component

@@ -239,7 +239,7 @@ def test_the_operator_imports_neither_torch_nor_ray_nor_the_trainer():
     them (about 90 MB)."""
     code = (
         "import sys, json\n"
-        "import kuberl.operator.main as m, kuberl.operator.handlers, kuberl.operator.lifecycle\n"
+        "import kuberl.operator.main as m, kuberl.operator.controllers, kuberl.operator.lifecycle\n"
         "import kuberl.operator.rbac, kuberl.operator.metrics, kuberl.operator.status, kuberl.operator.runtime\n"
         "m._preload_validation()\n"
         "from kuberl.api.load import parse_job\n"

@@ -17,6 +17,7 @@ from kuberl.api import job as m
 from kuberl.api.crd import sweep_crd
 from kuberl.api.sweep import MAX_SWEEP_PODS, InvalidSweep, parse_sweep, trial_spec
 from kuberl.api.tenancy import Allowance, Tenancy
+from kuberl.operator import loop as loop_base
 from kuberl.operator import sweeps
 from kuberl.operator.metrics import OperatorMetrics
 from kuberl.operator.runtime import ApiError, OperatorConfig, Runtime
@@ -230,7 +231,7 @@ async def test_an_error_in_a_pass_is_told_on_the_sweep_and_retried_with_back_off
                                    "(try 3; next in 40 s)")
     assert kube.statuses[-1]["phase"] == "Running"
     assert events == [("PassFailed", "the operator's pass of this sweep failed: RuntimeError: no plan today; "
-                                     "retrying")]  # once for the same error, not at every try
+                                     "retrying in 10 s")]  # once for the same error, not at every try
     errors = sweep_loop.runtime.metrics.errors.labels("sweep", "RuntimeError")._value.get()
     assert errors == 3
     # The pass goes through again: the trials start, and the condition says so.
@@ -248,5 +249,5 @@ async def test_the_back_off_is_capped_and_a_failed_status_write_does_not_escape(
     kube.fail_status_writes = True
     for _ in range(8):
         wait = await sweep_loop.reconcile_once()
-    assert wait == sweeps.PASS_BACKOFF_MAX_S
-    assert sweeps.pass_backoff(10.0, 1000) == sweeps.PASS_BACKOFF_MAX_S
+    assert wait == loop_base.BACKOFF_MAX_S
+    assert loop_base.retry_after(sweep_loop.runtime.config, 1000, unexpected=True) == loop_base.BACKOFF_MAX_S

@@ -18,7 +18,7 @@ from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, InvalidJob
 from kuberl.api.tenancy import Allowance, Tenancy, operator_pod
 from kuberl.operator import builders, rbac
 from kuberl.operator.builders import BuildOptions
-from kuberl.operator.handlers import validate_spec
+from kuberl.operator.jobs import validate_spec
 from kuberl.operator.main import _parser, config_from_args
 from pod_security import assert_restricted
 

@@ -131,7 +131,7 @@ def kopf_options(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from kuberl.operator.handlers import build_registry, memo_for
+    from kuberl.operator.controllers import build_registry, memo_for
     from kuberl.operator.metrics import OPERATOR_METRICS
     from kuberl.operator.runtime import Runtime
 

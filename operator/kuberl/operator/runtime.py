@@ -196,8 +196,13 @@ def default_api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
+#: An object's key among the operator's loops: its kind's plural, its namespace, its name (a job and a sweep
+#: of one name are two keys).
+Key = tuple[str, str, str]
+
+
 class Runtime:
-    """The state shared by handlers: config, API, metrics, and one wake-up event per job."""
+    """The state shared by the loops: config, API, metrics, and one wake-up event per object."""
 
     def __init__(self, config: OperatorConfig, api_client: kubernetes.client.ApiClient | None = None,
                  metrics: OperatorMetrics | None = None):
@@ -205,12 +210,12 @@ class Runtime:
         self._api_client = api_client
         self._kube: Kube | None = None
         self.metrics = metrics or OPERATOR_METRICS
-        self.pokes: dict[tuple[str, str], asyncio.Event] = {}
-        #: The spec each job's loop last acted on (job events poke only when it changed).
-        self.seen_specs: dict[tuple[str, str], str] = {}
-        #: Each job's last few status writes as the API stores them (nulls dropped): a job event whose status
-        #: is none of them is another writer's, which the job's loop overwrites with what it knows.
-        self.written_statuses: dict[tuple[str, str], collections.deque[dict[str, Any]]] = {}
+        self.pokes: dict[Key, asyncio.Event] = {}
+        #: The spec each object's loop last acted on (its events poke only when it changed).
+        self.seen_specs: dict[Key, str] = {}
+        #: Each object's last few status writes as the API stores them (nulls dropped): an event whose status
+        #: is none of them is another writer's, which the object's loop overwrites with what it knows.
+        self.written_statuses: dict[Key, collections.deque[dict[str, Any]]] = {}
         self.http: aiohttp.ClientSession | None = None
         #: Background tasks of the operator (the event-loop watch), cancelled on close.
         self.tasks: set[asyncio.Future] = set()
@@ -222,12 +227,17 @@ class Runtime:
             self._kube = Kube(self._api_client or default_api_client(), self.config.api_threads)
         return self._kube
 
-    def poke(self, namespace: str, name: str) -> None:
-        event = self.pokes.get((namespace, name))
+    def poke(self, key: Key) -> None:
+        event = self.pokes.get(key)
         if event is not None:
             event.set()
 
-    async def run_passes(self, key: tuple[str, str], stopped: Any, one_pass: Callable[[], Awaitable[float]],
+    def overwritten(self, key: Key, status: Any) -> bool:
+        """Whether an object's status, as an event shows it, is none of its loop's recent writes."""
+        recent = self.written_statuses.get(key)
+        return recent is not None and bool(recent) and status not in recent
+
+    async def run_passes(self, key: Key, stopped: Any, one_pass: Callable[[], Awaitable[float]],
                          *, quick_passes: int = 0) -> None:
         """An object's loop (a kopf daemon's): `one_pass` returns seconds until the next pass is due; a poke
         under `key` (an event of the object or of its children) or the daemon's stop wakes it sooner. Up to

@@ -1,6 +1,6 @@
 """Status helpers: conditions in the Kubernetes shape, progress from the learner's /metrics text.
 
-The only writer of `RLTrainingJob.status` is the reconcile loop in `handlers`; it builds the new
+The only writer of `RLTrainingJob.status` is the reconcile loop in `jobs`; it builds the new
 status with these functions and sends it only when it differs from what it last wrote.
 """
 

@@ -1,6 +1,6 @@
-"""kopf handlers for RLSweeps: one loop per sweep (a kopf daemon) runs its trials as child RLTrainingJobs owned
-by the sweep, at most spec.parallelism at a time, suspends those the pruner stops, and writes the sweep's status;
-a trial job's events wake its sweep's loop.
+"""The sweeps' controller: one loop per RLSweep (`loop.ObjectLoop`, a kopf daemon) runs its trials as child
+RLTrainingJobs owned by the sweep, at most spec.parallelism at a time, suspends those the pruner stops, and
+writes the sweep's status; a trial job's events wake its sweep's loop.
 
 The sweep's status is the record of its trials: each pass rebuilds the Optuna study from it (`kuberl.sweep.
 cluster`, in a thread, bounded in time), so a restarted operator goes on where the last one was. A new trial is
@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import kopf
-import urllib3
 
 from kuberl.api.job import GROUP, VERSION
 from kuberl.api.job import PLURAL as JOB_PLURAL
@@ -32,27 +31,28 @@ from kuberl.api.sweep import (
     parse_sweep,
 )
 from kuberl.operator import status as job_status
+from kuberl.operator.loop import PASS_FAILED, ObjectLoop, StatusWriter
 from kuberl.operator.runtime import ApiError, Runtime
 
 if TYPE_CHECKING:
+    from kuberl.api.sweep import TrialStatus
     from kuberl.sweep.cluster import SweepPass
 
 #: The label a trial job carries: its sweep's name (the sweep's loop lists its trials by it).
 SWEEP_LABEL = "kuberl.dev/sweep"
 #: The most one pass's Optuna and SciPy work may take; past it the pass is tried again later.
 PASS_TIMEOUT_S = 30.0
-#: The longest wait between passes that fail: they double from the reconcile interval up to this.
-PASS_BACKOFF_MAX_S = 300.0
 COMPLETE, FAILED, DEGRADED = job_status.COMPLETE, job_status.FAILED, job_status.DEGRADED
-#: The Degraded condition's reason while passes fail, and once one goes through again.
-PASS_FAILED, PASS_WENT_THROUGH = "PassFailed", "PassSucceeded"
+#: The Degraded condition's reason once a pass goes through again (while passes fail: `loop.PASS_FAILED`).
+PASS_WENT_THROUGH = "PassSucceeded"
 
 
 class SpecChanged(Exception):
     """The sweep's parameters no longer fit the trials it has recorded."""
 
 
-def plan(*args: Any) -> SweepPass:
+def plan(sweep: RLSweep, trials: list[TrialStatus], jobs: dict[str, dict[str, Any]], started: datetime | None,
+         now: datetime, ranked: bool) -> SweepPass:
     """One pass's decisions (`kuberl.sweep.cluster.plan_pass`). Optuna and SciPy are imported here, with the
     first sweep's first pass, on a thread: an operator that runs no sweep never holds them (about 90 MB of
     memory and seconds of start-up)."""
@@ -60,14 +60,9 @@ def plan(*args: Any) -> SweepPass:
     from kuberl.sweep.engine import SweepChanged
 
     try:
-        return plan_pass(*args)
+        return plan_pass(sweep, trials, jobs, started, now, ranked)
     except SweepChanged as err:
         raise SpecChanged(str(err)) from err
-
-
-def poke_key(name: str) -> str:
-    """A sweep's wake-up key among the jobs' (a name has no '/', so a sweep and a job of one name differ)."""
-    return f"{PLURAL}/{name}"
 
 
 def validate_sweep(body: kopf.Body, runtime: Runtime,
@@ -131,87 +126,41 @@ def record_refusal(status: RLSweepStatus, problems: list[Problem], reason: str, 
     return message
 
 
-def pass_backoff(reconcile_interval: float, failures: int) -> float:
-    """Seconds before the next pass after `failures` failed passes in a row: doubling from the reconcile
-    interval, at most PASS_BACKOFF_MAX_S. An event of the sweep or of a trial still wakes it sooner."""
-    return min(PASS_BACKOFF_MAX_S, reconcile_interval * 2 ** min(max(failures, 1) - 1, 20))
-
-
-def record_pass_error(status: RLSweepStatus, err: Exception, failures: int, retry: float, generation: int | None,
-                      now: Any) -> str:
-    """A pass that failed on an unexpected error into the status: Degraded, naming the error and the next try.
-    The phase stays: the sweep is retried, not failed, for the error may be the operator's. Returns the error's
-    text (without the count of tries, so that the same error is told once)."""
-    error = f"the operator's pass of this sweep failed: {type(err).__name__}: {err}"[:1000]
-    job_status.set_condition(status, DEGRADED, True, PASS_FAILED, f"{error} (try {failures}; next in {retry:.0f} s)",
-                             at=now, generation=generation)
-    return error
-
-
 def _pass_went_through(status: RLSweepStatus, generation: int | None, now: Any) -> None:
     if job_status.is_true(status, DEGRADED):
         job_status.set_condition(status, DEGRADED, False, PASS_WENT_THROUGH, "", at=now, generation=generation)
 
 
-class SweepLoop:
+class SweepLoop(ObjectLoop):
     """One sweep's reconcile loop, the single writer of its status."""
 
+    plural, noun, operation = PLURAL, "sweep", "sweep"
+
     def __init__(self, runtime: Runtime, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter):
-        self.runtime, self.body, self.logger = runtime, body, logger
+        super().__init__(runtime, body, logger)
         self.kube = runtime.kube
-        meta = body["metadata"]
-        self.name, self.namespace, self.uid = meta["name"], meta["namespace"], meta["uid"]
         try:
             self.status = RLSweepStatus.model_validate(body.get("status") or {})
         except ValueError:  # a status written by someone else: the trial jobs remain, the record starts again
             self.status = RLSweepStatus()
-        self.written: dict[str, Any] | None = None
+        self.status_writer = StatusWriter(
+            runtime, body, self.key, lambda new: self.kube.patch_status(PLURAL, self.namespace, self.name, new), None)
         self.ranked = False
         self._validated: tuple[str, tuple[RLSweep | None, list[Problem]]] | None = None
-        #: Passes failed in a row, and the last unexpected error told on the sweep (an Event each new one).
-        self.failures = 0
-        self.told: str | None = None
 
-    async def run(self, stopped: kopf.DaemonStopped) -> None:
-        try:
-            await self.runtime.run_passes((self.namespace, poke_key(self.name)), stopped, self.reconcile_once)
-        finally:
-            self.runtime.metrics.sweep(self.namespace, self.name, None)
+    def forget(self) -> None:
+        self.runtime.metrics.sweep(self.namespace, self.name, None)
 
-    async def reconcile_once(self) -> float:
-        """One pass; returns seconds until the next one is due. A pass that fails is retried with back-off."""
-        unexpected: Exception | None = None
-        try:
-            wait = await self.reconcile()
-            self.failures, self.told = 0, None
-            return wait
-        except ApiError as err:
-            kind = f"http_{err.status}"
-            self.logger.warning(f"Kubernetes API error, retrying: {err}")
-        except (urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            kind = type(err).__name__
-            self.logger.warning(f"the sweep's pass did not finish, retrying: {kind}: {err}")
-        except Exception as err:  # a bug must not stop the sweep's loop for good: logged, counted, told on the sweep
-            kind, unexpected = type(err).__name__, err
-            self.logger.exception("the sweep's pass failed, retrying")
-        self.runtime.metrics.errors.labels("sweep", kind).inc()
-        self.failures += 1
-        retry = pass_backoff(self.runtime.config.reconcile_interval, self.failures)
-        if unexpected is not None:
-            await self._tell_failure(unexpected, retry)
-        return retry
+    def record_failure(self, error: str, retry: float) -> bool:
+        """Degraded, naming the error and the next try. The phase stays: the sweep is retried, not failed, for
+        the error may be the operator's."""
+        job_status.set_condition(self.status, DEGRADED, True, PASS_FAILED,
+                                 f"{error} (try {self.failures}; next in {retry:.0f} s)",
+                                 at=job_status.now(), generation=self.body["metadata"].get("generation"))
+        return True
 
-    async def _tell_failure(self, err: Exception, retry: float) -> None:
-        """The failed pass on the sweep: its Degraded condition, and a Warning Event for each new error."""
-        error = record_pass_error(self.status, err, self.failures, retry, self.body["metadata"].get("generation"),
-                                  job_status.now())
-        if error != self.told:
-            kopf.warn(self.body, reason=PASS_FAILED, message=f"{error}; retrying")
-            self.told = error
-        try:
-            await self._write_status()
-        except (ApiError, urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as write:
-            self.logger.warning(f"cannot record the failed pass on the sweep: {type(write).__name__}: {write}")
+    async def write_status(self) -> None:
+        await self.status_writer.write(self.status.model_dump(mode="json", by_alias=True))
 
     async def reconcile(self) -> float:
         config = self.runtime.config
@@ -240,7 +189,7 @@ class SweepLoop:
         self._record(planned, now)
         # The record first: a trial in it whose job is missing (this process stopped in between) is created
         # by the next pass.
-        await self._write_status()
+        await self.write_status()
         refused = {}
         for manifest in planned.create:
             refused.update(await self._create(sweep, manifest))
@@ -249,7 +198,7 @@ class SweepLoop:
                 if trial.name in refused:
                     trial.state = TrialState.FAILED
                     trial.message = f"the API server refused its job: {refused[trial.name]}"
-            await self._write_status()
+            await self.write_status()
             return 0.0
         for name in planned.suspend:
             await self.kube.patch_job(self.namespace, name, {"spec": {"suspend": True}})
@@ -296,13 +245,7 @@ class SweepLoop:
                                  job_status.now())
         if not was_failed:
             kopf.warn(self.body, reason=reason, message=message[:1000])
-        await self._write_status()
-
-    async def _write_status(self) -> None:
-        new = self.status.model_dump(mode="json", by_alias=True)
-        if new != self.written:
-            await self.kube.patch_status(PLURAL, self.namespace, self.name, new)
-            self.written = new
+        await self.write_status()
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,18 +261,18 @@ async def reconcile_sweep(body: kopf.Body, stopped: kopf.DaemonStopped, memo: ko
 
 async def sweep_changed(body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Wake the sweep's loop when its spec changed or it is being deleted."""
-    memo.runtime.poke(namespace, poke_key(name))
+    memo.runtime.poke((PLURAL, namespace or "", name))
 
 
 async def trial_changed(labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A trial job changed (progress, phase): wake its sweep's loop."""
     sweep = labels.get(SWEEP_LABEL)
     if sweep:
-        memo.runtime.poke(namespace, poke_key(sweep))
+        memo.runtime.poke((PLURAL, namespace or "", sweep))
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    """The sweep handlers, on the operator's registry (`handlers.build_registry`)."""
+    """The sweeps' handlers, on the operator's registry (`controllers.build_registry`)."""
     kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, id="reconcile-sweep",
                 cancellation_timeout=10.0)(reconcile_sweep)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="sweep-changed")(sweep_changed)

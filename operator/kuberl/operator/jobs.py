@@ -1,4 +1,5 @@
-"""kopf handlers: one reconcile loop per job (a kopf daemon); job and pod events only wake it up.
+"""The jobs' controller: one reconcile loop per RLTrainingJob (`loop.ObjectLoop`, a kopf daemon); job and
+pod events only wake it up.
 
 The loop is the single writer of the job's status. Each pass: read the job and its pods, read the
 learner's /metrics when due, let `lifecycle.plan` decide, then delete, create (if absent), write
@@ -9,7 +10,6 @@ catches API errors, counts them, and tries again after a short backoff.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -22,22 +22,19 @@ from typing import Any
 
 import aiohttp
 import kopf
-import urllib3
 
 from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.api.tenancy import Tenancy
-from kuberl.operator import builders, lifecycle, names, sweeps
+from kuberl.operator import builders, lifecycle, names
 from kuberl.operator import status as job_status
 from kuberl.operator.lifecycle import JobMeta, Plan
+from kuberl.operator.loop import ObjectLoop, StatusWriter
 from kuberl.operator.names import Component
 from kuberl.operator.pods import PodView
 from kuberl.operator.runtime import ApiError, OperatorConfig, Runtime
 
-#: Status writes of a job remembered, so that the watch's echo of an earlier one is not taken for another
-#: writer's.
-RECENT_WRITES = 4
 QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements
 #: The job's condition while the API server refuses its creates with 403 (a ResourceQuota, a LimitRange);
 #: False once they go through.
@@ -269,46 +266,19 @@ class HeldCreates:
                    if c.type in (CREATE_FORBIDDEN, CHANGE_REFUSED))
 
 
-class StatusWriter:
-    """Writes a job's status when it changed, or when another writer overwrote it: the status is the
-    operator's record of the job, and the writes are merge patches with no resourceVersion, so a
-    concurrent writer never makes one fail (409) but can replace what it says."""
-
-    def __init__(self, runtime: Runtime, body: kopf.Body, key: tuple[str, str], status: Any):
-        self.runtime, self.body, self.key = runtime, body, key
-        # What the API holds, so an unchanged status is not written again.
-        self.written: dict[str, Any] | None = job_status.dump(status) if body.get("status") else None
-
-    async def write(self, status: Any) -> None:
-        new = job_status.dump(status)
-        recent = self.runtime.written_statuses.setdefault(self.key, collections.deque(maxlen=RECENT_WRITES))
-        if new == self.written and not self._overwritten(recent):
-            return
-        await self.runtime.kube.patch_job_status(*self.key, new)
-        self.written = new
-        recent.append(job_status.stored(new))
-
-    def _overwritten(self, recent: collections.deque[dict[str, Any]]) -> bool:
-        """The job's status as last seen (kopf keeps the body current) is no write of this loop's."""
-        live = self.body.get("status")
-        return bool(live) and self.written is not None and live not in recent and live != job_status.stored(
-            self.written)
-
-
-class JobLoop:
+class JobLoop(ObjectLoop):
     """The reconcile loop of one job."""
 
+    plural, noun, operation, quick_passes = PLURAL, "job", "reconcile", QUICK_PASSES
+
     def __init__(self, runtime: Runtime, body: kopf.Body, logger: logging.Logger | logging.LoggerAdapter):
-        self.runtime, self.body, self.logger = runtime, body, logger
-        self.name = body["metadata"]["name"]
-        self.namespace = body["metadata"]["namespace"]
-        self.uid = body["metadata"].get("uid")
-        self.key = (self.namespace, self.name)
+        super().__init__(runtime, body, logger)
         self.status = self._initial_status(body.get("status"))
-        self.status_writer = StatusWriter(runtime, body, self.key, self.status)
+        self.status_writer = StatusWriter(
+            runtime, body, self.key, lambda new: runtime.kube.patch_job_status(self.namespace, self.name, new),
+            job_status.dump(self.status) if body.get("status") else None)
         self.progress = ProgressReader(runtime, self.name, logger)
         self.children = ChildWriter(runtime, body)
-        self.failures = 0
         self.held = HeldCreates(runtime.config)
         self.api_invalid: str | None = None
         #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
@@ -322,38 +292,16 @@ class JobLoop:
             self.logger.warning(f"status is unreadable, starting from an empty one: {err}")
             return job_status.load(None)
 
-    async def run(self, stopped: kopf.DaemonStopped) -> None:
-        try:
-            await self.runtime.run_passes(self.key, stopped, self.reconcile_once, quick_passes=QUICK_PASSES)
-        finally:
-            self.runtime.seen_specs.pop(self.key, None)
-            self.runtime.written_statuses.pop(self.key, None)
-            self.runtime.metrics.job_phase(self.uid or self.name, None)
+    def forget(self) -> None:
+        self.runtime.seen_specs.pop(self.key, None)
+        self.runtime.metrics.job_phase(self.uid or self.name, None)
 
-    async def reconcile_once(self) -> float:
-        """One pass; returns seconds until the next one is due (0: right away)."""
-        started = time.perf_counter()
-        try:
-            wait = await self._reconcile()
-            self.failures = 0
-            return wait
-        except ApiError as err:
-            self.runtime.metrics.errors.labels("reconcile", f"http_{err.status}").inc()
-            self.logger.warning(f"Kubernetes API error, retrying: {err}")
-        except (urllib3.exceptions.HTTPError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as err:
-            self.runtime.metrics.errors.labels("reconcile", type(err).__name__).inc()
-            self.logger.warning(f"cannot reach the Kubernetes API, retrying: {err}")
-        except Exception as err:  # a bug must not stop the job's loop for good; it is logged and counted
-            self.runtime.metrics.errors.labels("reconcile", type(err).__name__).inc()
-            self.logger.exception("reconcile failed, retrying")
-        finally:
-            self.runtime.metrics.reconcile_duration.labels("reconcile").observe(time.perf_counter() - started)
-        self.failures += 1
-        return min(self.runtime.config.reconcile_interval, 0.2 * 2 ** min(self.failures, 10))
+    async def write_status(self) -> None:
+        await self.status_writer.write(job_status.dump(self.status))
 
     # -- one pass -----------------------------------------------------------------------------
 
-    async def _reconcile(self) -> float:
+    async def reconcile(self) -> float:
         body = self.body
         if body["metadata"].get("deletionTimestamp"):
             return self.runtime.config.idle_interval  # kopf stops this loop; the children go with the job
@@ -381,7 +329,7 @@ class JobLoop:
             self.api_invalid = applied.refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
         self.deleted -= applied.created
-        await self.status_writer.write(self.status)
+        await self.write_status()
         post_events(self.body, plan, self.logger)
         count(self.runtime, self.uid or self.name, plan, before)
         self.runtime.seen_specs[self.key] = spec_json
@@ -452,64 +400,23 @@ async def job_changed(body: kopf.Body, name: str, namespace: str | None, memo: k
     """Wake the job's loop when its spec changed, it is being deleted, or another writer changed its status
     (the loop's own status writes do not)."""
     runtime: Runtime = memo.runtime
-    seen = runtime.seen_specs.get((namespace, name))
-    recent = runtime.written_statuses.get((namespace, name))
-    overwritten = bool(recent) and body.get("status") not in recent
-    if (body["metadata"].get("deletionTimestamp") or json.dumps(body.get("spec"), sort_keys=True) != seen
-            or overwritten):
-        runtime.poke(namespace, name)
+    key = (PLURAL, namespace or "", name)
+    if (body["metadata"].get("deletionTimestamp")
+            or json.dumps(body.get("spec"), sort_keys=True) != runtime.seen_specs.get(key)
+            or runtime.overwritten(key, body.get("status"))):
+        runtime.poke(key)
 
 
 async def pod_changed(labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """A child pod changed (scheduled, started, ready, failed, deleted): wake its job's loop."""
     job_name = labels.get(names.JOB_NAME_LABEL)
     if job_name:
-        memo.runtime.poke(namespace, job_name)
+        memo.runtime.poke((PLURAL, namespace or "", job_name))
 
 
-#: How often the operator checks that its event loop is free (`watch_event_loop`).
-LOOP_LAG_PERIOD_S = 0.1
-
-
-async def watch_event_loop(runtime: Runtime) -> None:
-    """Record how late the event loop wakes a timer (kuberl_operator_event_loop_lag_seconds): every job's
-    loop and kopf's watches share it, so a handler that holds it up stalls them all."""
-    loop = asyncio.get_running_loop()
-    while True:
-        started = loop.time()
-        await asyncio.sleep(LOOP_LAG_PERIOD_S)
-        runtime.metrics.loop_lag.observe(max(0.0, loop.time() - started - LOOP_LAG_PERIOD_S))
-
-
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    memo.runtime.tasks.add(asyncio.ensure_future(watch_event_loop(memo.runtime)))
-    settings.persistence.finalizer = names.FINALIZER
-    # Kopf's bookkeeping goes to annotations: the CRD's status schema has no room for it.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kuberl.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="kuberl.dev", key="last-handled-configuration")
-    # Events are the lifecycle's own (kopf.event), not every log line of the handlers.
-    settings.posting.loggers = False
-
-
-async def close_runtime(memo: kopf.Memo, **_: Any) -> None:
-    await memo.runtime.close()
-
-
-def build_registry(*, login: bool = True) -> kopf.OperatorRegistry:
-    """A registry with the operator's handlers; run it with `kopf.operator(registry=..., memo=Memo(runtime=...))`."""
-    registry = kopf.OperatorRegistry()
-    kopf.on.startup(registry=registry, id="configure")(configure)
-    kopf.on.cleanup(registry=registry, id="close-runtime")(close_runtime)
-    if login:
-        kopf.on.login(registry=registry, id="login")(kopf.login_via_client)
+def register(registry: kopf.OperatorRegistry) -> None:
+    """The jobs' handlers, on the operator's registry (`controllers.build_registry`)."""
     kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, id="reconcile", cancellation_timeout=10.0)(reconcile_job)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="job-changed")(job_changed)
     kopf.on.event("", "v1", "pods", registry=registry, id="pod-changed",
                   labels={names.MANAGED_BY_LABEL: names.OPERATOR_NAME})(pod_changed)
-    sweeps.register(registry)
-    return registry
-
-
-def memo_for(runtime: Runtime) -> kopf.Memo:
-    return kopf.Memo(runtime=runtime)
