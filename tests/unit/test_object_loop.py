@@ -88,8 +88,8 @@ async def test_the_api_server_away_is_retried_soon_without_an_event(job_dict, to
 
 def test_back_off_has_one_rule_for_every_kind():
     config = OperatorConfig(reconcile_interval=10.0)
-    assert [loop.retry_after(config, n, unexpected=True) for n in (1, 2, 3, 6, 100)] == [10, 20, 40, 300, 300]
-    assert [loop.retry_after(config, n, unexpected=False) for n in (1, 2, 6, 100)] == [0.4, 0.8, 10, 10]
+    assert [loop.retry_after(config, n, transient=False) for n in (1, 2, 3, 6, 100)] == [10, 20, 40, 300, 300]
+    assert [loop.retry_after(config, n, transient=True) for n in (1, 2, 6, 100)] == [0.4, 0.8, 10, 10]
     assert jobs.JobLoop.reconcile_once is sweeps.SweepLoop.reconcile_once is loop.ObjectLoop.reconcile_once
 
 

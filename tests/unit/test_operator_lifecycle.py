@@ -12,7 +12,7 @@ import pytest
 from kuberl.api.job import Phase, Progress, RLTrainingJob, RLTrainingJobStatus
 from kuberl.api.load import InvalidJob, parse_job
 from kuberl.api.semantics import check_registered
-from kuberl.operator import builders, lifecycle
+from kuberl.operator import builders, lifecycle, refusals
 from kuberl.operator import status as job_status
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.lifecycle import JobMeta
@@ -408,3 +408,79 @@ def test_progress_report_goes_into_status(sim):
     assert sim.status.last_checkpoint_time == checkpoint
     sim.step()  # no report: progress is kept
     assert sim.status.progress.env_steps == 3400
+
+
+# -- what the API server refused of the job's creates: the planner decides (`refusals`) ------------------------
+
+
+def decide(sim: Sim, refusal: refusals.Refusal | None) -> lifecycle.Plan:
+    """The planner's answer for the sim's job as it stands, with `refusal`; nothing applied."""
+    job, problems = sim.job()
+    views = [PodView.from_pod(p, UID) for p in sim.pods.values()]
+    return lifecycle.plan(meta=JobMeta("cartpole-ppo", "default", UID, sim.generation), job=job, problems=problems,
+                          status=sim.status, pods=views, now=sim.now, options=OPTIONS, deleted=sim.deleted,
+                          refusal=refusal)
+
+
+def refused(previous: refusals.Refusal | None = None, *, forbidden: str | None = None, invalid: str | None = None,
+            generation: int = 1) -> refusals.Refusal | None:
+    return refusals.after(previous, forbidden=forbidden, invalid=invalid, clean=False, created=True,
+                          generation=generation, retry=lambda tries: 10.0 * 2 ** (tries - 1))
+
+
+QUOTA = "Pod cartpole-ppo-head: exceeded quota: no-pods, requested: pods=1, used: pods=0, limited: pods=0"
+
+
+def test_forbidden_creates_hold_the_job_with_the_reason_and_clear_once_they_go_through(sim):
+    first = refused(forbidden=QUOTA)
+    plan = decide(sim, first)
+    held = job_status.get_condition(plan.status, refusals.CREATE_FORBIDDEN)
+    assert (held.status, held.reason) == ("True", "Forbidden")
+    assert held.message == f"{QUOTA} (try 1; next in 10.0 s)"
+    assert ("Warning", "FailedCreate") in [(e.type, e.reason) for e in plan.events]
+    assert Phase(plan.status.phase) not in (Phase.FAILED,) and plan.status.reason is None
+    assert plan.create  # the next try creates the same pods again
+
+    sim.status = plan.status
+    second = refused(first, forbidden=QUOTA)
+    assert (second.tries, second.retry_s) == (2, 20.0)
+    plan = decide(sim, second)
+    assert job_status.get_condition(plan.status, refusals.CREATE_FORBIDDEN).message.endswith("(try 2; next in 20.0 s)")
+    assert "FailedCreate" not in [e.reason for e in plan.events]  # told once, not at every try
+
+    sim.status = plan.status
+    gone = refusals.after(second, forbidden=None, invalid=None, clean=True, created=True, generation=1,
+                          retry=lambda tries: 10.0)
+    assert gone is None
+    plan = decide(sim, gone)
+    cleared = job_status.get_condition(plan.status, refusals.CREATE_FORBIDDEN)
+    assert (cleared.status, cleared.reason) == ("False", "Created")
+
+
+def test_an_invalid_child_fails_a_new_job_in_the_servers_words_and_a_started_job_keeps_its_pods(sim):
+    words = "Pod cartpole-ppo-worker-0: spec.tolerations[0].operator: Unsupported value: \"Sometimes\""
+    plan = decide(sim, refused(invalid=words))
+    assert Phase(plan.status.phase) == Phase.FAILED and plan.status.reason == lifecycle.INVALID_SPEC
+    assert plan.status.message == f"spec: the API server refused a child of this job: {words}"
+    assert not plan.create and job_status.get_condition(plan.status, refusals.CHANGE_REFUSED) is None
+
+    running(sim)
+    plan = decide(sim, refused(invalid=words))
+    assert Phase(plan.status.phase) == Phase.RUNNING and not plan.delete
+    held = job_status.get_condition(plan.status, refusals.CHANGE_REFUSED)
+    assert (held.status, held.reason) == ("True", "Invalid")
+    assert held.message == f"{words}; the job keeps the pods it has: fix the spec and apply it again (try 1; next in 10.0 s)"
+
+
+def test_a_refusal_under_an_older_spec_is_not_held_against_the_new_one(sim):
+    words = "Pod cartpole-ppo-head: spec.containers[0].image: Invalid value"
+    old = refused(invalid=words, generation=1)
+    sim.generation = 2
+    plan = decide(sim, old)
+    assert Phase(plan.status.phase) != Phase.FAILED and plan.create
+    # A pass under the new spec that the server takes drops it, created or not.
+    assert refusals.after(old, forbidden=None, invalid=None, clean=True, created=False, generation=2,
+                          retry=lambda tries: 10.0) is None
+    # Under the same spec, a pass with nothing to create keeps it (the job is still held or failed).
+    assert refusals.after(old, forbidden=None, invalid=None, clean=True, created=False, generation=1,
+                          retry=lambda tries: 10.0) is old

@@ -250,4 +250,4 @@ async def test_the_back_off_is_capped_and_a_failed_status_write_does_not_escape(
     for _ in range(8):
         wait = await sweep_loop.reconcile_once()
     assert wait == loop_base.BACKOFF_MAX_S
-    assert loop_base.retry_after(sweep_loop.runtime.config, 1000, unexpected=True) == loop_base.BACKOFF_MAX_S
+    assert loop_base.retry_after(sweep_loop.runtime.config, 1000, transient=False) == loop_base.BACKOFF_MAX_S

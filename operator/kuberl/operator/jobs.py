@@ -27,32 +27,18 @@ from kuberl.api.job import GROUP, PLURAL, VERSION, Phase, RLTrainingJob
 from kuberl.api.load import InvalidJob, Problem, parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.api.tenancy import Tenancy
-from kuberl.operator import builders, lifecycle, names
+from kuberl.operator import builders, lifecycle, names, refusals
 from kuberl.operator import status as job_status
 from kuberl.operator.lifecycle import JobMeta, Plan
-from kuberl.operator.loop import ObjectLoop, StatusWriter
+from kuberl.operator.loop import ObjectLoop, StatusWriter, retry_after
 from kuberl.operator.names import Component
 from kuberl.operator.pods import PodView
-from kuberl.operator.runtime import ApiError, OperatorConfig, Runtime
+from kuberl.operator.runtime import ApiError, Runtime
 
 QUICK_PASSES = 3  # passes in a row without waiting, while deletions make room for replacements
-#: The job's condition while the API server refuses its creates with 403 (a ResourceQuota, a LimitRange);
-#: False once they go through.
-CREATE_FORBIDDEN = "CreateForbidden"
-#: A started job's condition while the API server refuses what a change needs (the pods of a scale-up or of a
-#: restart, as the spec now asks for them): the pods it has keep training; False once the creates go through.
-CHANGE_REFUSED = "ChangeRefused"
 #: The text of Pod Security admission's 403: the pod as specified can never be admitted in this namespace,
 #: so it is the spec's fault, as a 422 is, not something to wait out.
 POD_SECURITY_REFUSAL = "violates PodSecurity"
-#: The longest wait between tries while creates are forbidden (Kubernetes' Job controller waits up to 6 min).
-FORBIDDEN_BACKOFF_MAX_S = 300.0
-
-
-def forbidden_backoff(config: OperatorConfig, passes: int) -> float:
-    """Seconds before the next try after `passes` forbidden passes in a row: doubling from the reconcile
-    interval, at most FORBIDDEN_BACKOFF_MAX_S. A pod event of the job still wakes it sooner."""
-    return min(FORBIDDEN_BACKOFF_MAX_S, config.reconcile_interval * 2 ** min(passes - 1, 20))
 
 
 def validate_spec(body: kopf.Body, spec_json: str, logger: logging.Logger | logging.LoggerAdapter,
@@ -219,53 +205,6 @@ def _component(manifest: dict[str, Any]) -> str:
     return manifest["metadata"]["labels"][names.COMPONENT_LABEL]
 
 
-class HeldCreates:
-    """Creates the API server refused while the job keeps what it has, says why in a condition and an Event,
-    and backs off until the server takes them: a 403 of the namespace's (a quota, a LimitRange) for any job;
-    and, for a job that has started, any refusal of what a change needs (a scale-up's or a restart's pods
-    under a spec the server now refuses): its running pods are worth more than failing it. A job that has
-    not started fails as InvalidSpec instead (`JobLoop`), with nothing of it written."""
-
-    def __init__(self, config: OperatorConfig):
-        self.config = config
-        #: Passes in a row whose creates the API server refused.
-        self.passes = 0
-
-    def note(self, status: Any, body: kopf.Body, applied: Applied, plan: Plan, *, started: bool) -> bool:
-        """Record this pass's refusal, if the job waits it out; True when it does."""
-        generation = body["metadata"].get("generation")
-        held = None
-        if applied.forbidden is not None:
-            held = (CREATE_FORBIDDEN, "Forbidden", applied.forbidden)
-        elif applied.refused is not None and started:
-            held = (CHANGE_REFUSED, "Invalid", f"{applied.refused}; the job keeps the pods it has: "
-                                               "fix the spec and apply it again")
-        if held is not None:
-            type_, reason, message = held
-            condition = job_status.get_condition(status, type_)
-            if self.passes == 0 or condition is None or condition.status != "True":
-                kopf.warn(body, reason="FailedCreate", message=message)
-            self.passes += 1
-            retry = forbidden_backoff(self.config, self.passes)
-            job_status.set_condition(status, type_, True, reason,
-                                     f"{message} (try {self.passes}; next in {retry:.1f} s)",
-                                     at=job_status.now(), generation=generation)
-            return True
-        if self.passes and applied.clean and (plan.create or self._outdated(status, generation)):
-            # The creates went through, or the spec changed so that nothing is left to create.
-            self.passes = 0
-            for type_ in (CREATE_FORBIDDEN, CHANGE_REFUSED):
-                if (condition := job_status.get_condition(status, type_)) is not None and condition.status == "True":
-                    job_status.set_condition(status, type_, False, "Created", "", at=job_status.now(),
-                                             generation=generation)
-        return False
-
-    @staticmethod
-    def _outdated(status: Any, generation: int | None) -> bool:
-        return any(c.status == "True" and c.observed_generation != generation for c in status.conditions
-                   if c.type in (CREATE_FORBIDDEN, CHANGE_REFUSED))
-
-
 class JobLoop(ObjectLoop):
     """The reconcile loop of one job."""
 
@@ -279,8 +218,8 @@ class JobLoop(ObjectLoop):
             job_status.dump(self.status) if body.get("status") else None)
         self.progress = ProgressReader(runtime, self.name, logger)
         self.children = ChildWriter(runtime, body)
-        self.held = HeldCreates(runtime.config)
-        self.api_invalid: str | None = None
+        #: What the API server last refused of this job's creates: the planner's to decide on (`refusals`).
+        self.refusal: refusals.Refusal | None = None
         #: Pods this loop deleted and has not recreated: their absence is planned, not a loss.
         self.deleted: set[str] = set()
         self._parsed: tuple[str, RLTrainingJob | None, list[Problem]] | None = None
@@ -309,26 +248,29 @@ class JobLoop(ObjectLoop):
         # Validation and planning are pure and, for the largest job, tens of milliseconds each: they run on
         # a thread, so no job holds up the event loop that every other job's loop and kopf's watches share.
         job, problems = await asyncio.to_thread(self._parse, body, spec_json)
-        if self.api_invalid:
-            problems = [*problems, Problem("spec", f"the API server refused a child of this job: {self.api_invalid}",
-                                           has_value=False)]
         raw_pods = await self.runtime.kube.list_pods(self.namespace, names.label_selector(self.name))
         pods = [PodView.from_pod(pod, self.uid) for pod in raw_pods
                 if (pod.get("metadata", {}).get("labels") or {}).get(names.JOB_NAME_LABEL) == self.name]
         report = await self.progress.read(job, pods)
         meta = JobMeta(self.name, self.namespace, self.uid, body["metadata"].get("generation"))
-        plan = await asyncio.to_thread(functools.partial(
-            lifecycle.plan, meta=meta, job=job, problems=problems, status=self.status, pods=pods,
-            now=job_status.now(), options=self.runtime.config.build, report=report, deleted=self.deleted))
+        decide = functools.partial(lifecycle.plan, meta=meta, job=job, problems=problems, status=self.status,
+                                   pods=pods, now=job_status.now(), options=self.runtime.config.build,
+                                   report=report, deleted=self.deleted)
+        plan = await asyncio.to_thread(decide, refusal=self.refusal)
         before = Phase(self.status.phase)
-        self.status = plan.status
         applied = await self.children.apply(plan, job)
-        # A job that has created pods before (running, restarting, resuming) keeps them through a refusal.
-        started = before not in (Phase.PENDING, Phase.FAILED)
-        if not self.held.note(self.status, self.body, applied, plan, started=started):
-            self.api_invalid = applied.refused or self.api_invalid
         self.deleted |= {pod.name for pod in plan.delete}
         self.deleted -= applied.created
+        refusal = refusals.after(self.refusal, forbidden=applied.forbidden, invalid=applied.refused,
+                                 clean=applied.clean, created=bool(plan.create), generation=meta.generation,
+                                 retry=lambda tries: retry_after(self.runtime.config, tries, transient=False))
+        if refusal != self.refusal:
+            # What the server just refused (or took again) is the planner's to decide on, in this pass, so the
+            # status written below says so. What this second answer would create or delete beyond what was
+            # just done waits for the next pass (`_next_wait`).
+            self.refusal = refusal
+            plan = await asyncio.to_thread(decide, refusal=refusal)
+        self.status = plan.status
         await self.write_status()
         post_events(self.body, plan, self.logger)
         count(self.runtime, self.uid or self.name, plan, before)
@@ -339,23 +281,21 @@ class JobLoop(ObjectLoop):
             return self.runtime.config.idle_interval
         if applied.error is not None:
             raise applied.error
-        if self.held.passes:
-            return forbidden_backoff(self.runtime.config, self.held.passes)
         return self._next_wait(plan, job, pods)
-
 
     def _parse(self, body: kopf.Body, spec_json: str) -> tuple[RLTrainingJob | None, list[Problem]]:
         """Validate like `kuberl validate` (`validate_spec`); cached until the spec changes."""
         if self._parsed is None or self._parsed[0] != spec_json:
-            self.api_invalid = None  # a refusal by the API server was about the previous spec
             self._parsed = (spec_json, *validate_spec(body, spec_json, self.logger, self.runtime.config.tenancy))
         return self._parsed[1], self._parsed[2]
 
     def _next_wait(self, plan: Plan, job: RLTrainingJob | None, pods: list[PodView]) -> float:
         config = self.runtime.config
         phase = Phase(plan.status.phase)
-        if plan.delete or (self.api_invalid and not phase.terminal):
-            return 0.0  # room was made (or a refusal must be reported): act on it now
+        if plan.delete:
+            return 0.0  # room was made: act on it now
+        if self.refusal is not None and not phase.terminal:
+            return self.refusal.retry_s  # until the server takes the creates (a pod event wakes it sooner)
         if phase in (Phase.PENDING, Phase.QUEUED, Phase.STARTING, Phase.RUNNING):
             wait = config.reconcile_interval
             learner_running = any(pod.component == Component.LEARNER and pod.phase == "Running" for pod in pods)

@@ -33,7 +33,7 @@ from typing import Any
 
 from kuberl.api.job import Phase, RLTrainingJob, RLTrainingJobStatus
 from kuberl.api.problems import Problem
-from kuberl.operator import builders, kueue, names, phases, startup
+from kuberl.operator import builders, kueue, names, phases, refusals, startup
 from kuberl.operator import status as job_status
 from kuberl.operator.builders import BuildOptions
 from kuberl.operator.names import Component
@@ -603,21 +603,26 @@ STEPS_BY_PHASE: dict[Phase, tuple[Step, ...]] = {
 def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | None,
          status: RLTrainingJobStatus, pods: list[PodView], now: datetime,
          options: BuildOptions, report: job_status.LearnerReport | None = None,
-         deleted: frozenset[str] | set[str] = frozenset()) -> Plan:
+         deleted: frozenset[str] | set[str] = frozenset(), refusal: refusals.Refusal | None = None) -> Plan:
     """Decide one reconcile pass. `job` is None only when even the schema fails (`problems` says why).
 
     `deleted`: pods the operator itself deleted and has not recreated yet; their absence is planned,
-    not a loss to count.
+    not a loss to count. `refusal`: what the API server last refused of the job's creates (`refusals`).
     """
     decided = Plan(status=status.model_copy(deep=True))
     before = Phase(decided.status.phase)
     _take_report(decided.status, report)
+    refused = refusals.current(refusal, meta.generation)
+    spec_fault = refusals.as_problem(refused, before)
     workers_desired = job.spec.rollout_workers.replicas if job else decided.status.workers_desired
-    pass_ = _Pass(decided, meta, problems or [], pods, now, options, before, frozenset(deleted),
-                  workers_desired)
+    pass_ = _Pass(decided, meta, [*(problems or []), *([spec_fault] if spec_fault else [])], pods, now, options,
+                  before, frozenset(deleted), workers_desired)
     _validate(pass_, job)
     if not pass_.done:
         _run_phase(pass_, job)
+    held = refusals.hold(decided.status, refused, before, generation=meta.generation, now=now)
+    if held is not None:
+        decided.events.append(Event("Warning", "FailedCreate", held))
     _settle(decided, meta, before, now, job)
     return decided
 

@@ -34,15 +34,16 @@ PASS_FAILED = "PassFailed"
 RECENT_WRITES = 4
 
 
-def retry_after(config: OperatorConfig, failures: int, *, unexpected: bool) -> float:
-    """Seconds before the next pass after `failures` failed passes in a row. The API server away: 0.2 s
-    doubling, at most the reconcile interval (it is usually back at once). Anything else (a bug, a pass
-    that cannot go through): the reconcile interval doubling, at most BACKOFF_MAX_S, so a pass that fails
-    every time costs little. An event of the object or of a child still wakes the loop sooner."""
+def retry_after(config: OperatorConfig, failures: int, *, transient: bool) -> float:
+    """Seconds before the next pass after `failures` failed passes in a row. The API server away
+    (`transient`): 0.2 s doubling, at most the reconcile interval (it is usually back at once). Anything
+    else (a bug, a pass that cannot go through, creates the server refuses): the reconcile interval
+    doubling, at most BACKOFF_MAX_S, so what fails every time costs little. An event of the object or of a
+    child still wakes the loop sooner."""
     failures = min(max(failures, 1), 20)
-    if unexpected:
-        return min(BACKOFF_MAX_S, config.reconcile_interval * 2 ** (failures - 1))
-    return min(config.reconcile_interval, 0.2 * 2 ** failures)
+    if transient:
+        return min(config.reconcile_interval, 0.2 * 2 ** failures)
+    return min(BACKOFF_MAX_S, config.reconcile_interval * 2 ** (failures - 1))
 
 
 class StatusWriter:
@@ -134,7 +135,7 @@ class ObjectLoop:
             self.runtime.metrics.reconcile_duration.labels(self.operation).observe(time.perf_counter() - started)
         self.runtime.metrics.errors.labels(self.operation, kind).inc()
         self.failures += 1
-        retry = retry_after(self.runtime.config, self.failures, unexpected=unexpected is not None)
+        retry = retry_after(self.runtime.config, self.failures, transient=unexpected is None)
         if unexpected is not None:
             await self._tell(unexpected, retry)
         return retry
