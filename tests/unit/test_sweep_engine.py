@@ -13,7 +13,7 @@ from conftest import REPO
 from scipy import stats
 
 from kuberl.api.sweep import parse_sweep
-from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepChanged, SweepEngine, TrialInfo
+from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepChanged, SweepEngine, TrialInfo, TrialOutcome
 from kuberl.sweep.statistics import curve_band, difference_interval, iqm, iqm_interval, rank
 
 LR = "algorithm.ppo.learningRate"
@@ -91,9 +91,9 @@ def test_env_steps_to_target_is_minimized_and_counts_a_miss_as_its_budget():
     data["spec"]["template"]["stopping"]["targetReturn"] = 475
     engine = SweepEngine(parse_sweep(data))
     assert engine.study.direction.name == "MINIMIZE"
-    assert engine.final_value({"stopped_by": "target_return", "env_steps": 12_345}) == 12_345
-    assert engine.final_value({"stopped_by": "max_env_steps", "env_steps": 30_208}) == 30_208
-    assert engine.final_value({"stopped_by": "max_wall_clock_seconds", "env_steps": 900}) == 30_000
+    assert engine.final_value(TrialOutcome.from_summary({"stopped_by": "target_return", "env_steps": 12_345})) == 12_345
+    assert engine.final_value(TrialOutcome.from_summary({"stopped_by": "max_env_steps", "env_steps": 30_208})) == 30_208
+    assert engine.final_value(TrialOutcome.from_summary({"stopped_by": "max_wall_clock_seconds", "env_steps": 900})) == 30_000
 
 
 def test_random_and_tpe_draw_configurations_within_the_distribution():

@@ -22,7 +22,7 @@ from kuberl.api.sweep import (
     trial_name,
 )
 from kuberl.sweep import statistics
-from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepChanged, SweepEngine, TrialInfo, restore
+from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepChanged, SweepEngine, TrialInfo, TrialOutcome
 
 #: What a trial's state is in the engine's words.
 _ENGINE_STATE = {COMPLETE: TrialState.SUCCEEDED, PRUNED: TrialState.STOPPED, FAILED: TrialState.FAILED}
@@ -58,9 +58,8 @@ def plan_pass(sweep: RLSweep, recorded: list[TrialStatus], jobs: dict[str, dict[
               started: datetime | None, now: datetime, ranked: bool) -> SweepPass:
     """The study rebuilt from `recorded` (the sweep's status), each running trial's job (`jobs`, by name) told
     to the engine, then new trials up to spec.parallelism. `ranked` False: rank even if nothing finished."""
-    engine = SweepEngine(sweep)
     try:
-        restore(engine, recorded)
+        engine = SweepEngine.from_record(sweep, recorded)
     except (KeyError, ValueError) as err:  # optuna's own checks raise ValueError too
         raise SweepChanged(f"the trials recorded in the status do not fit the sweep's spec ({err}): the "
                            "parameters changed after trials started; create a new sweep for new parameters") from None
@@ -109,7 +108,7 @@ def _observe(engine: SweepEngine, trial: TrialStatus, job: dict[str, Any]) -> No
     trial.mean_return = rounded(progress.get("meanReturn"))
     phase = status.get("phase")
     if phase == "Succeeded":
-        value = engine.final_value(_summary(engine, status))
+        value = engine.final_value(_outcome(engine, status))
         state = COMPLETE if value is not None and math.isfinite(value) else FAILED
         engine.finish(trial.number, state, value)
         trial.state, trial.objective = _ENGINE_STATE[state], rounded(value) if state == COMPLETE else None
@@ -129,16 +128,14 @@ def _observe(engine: SweepEngine, trial: TrialStatus, job: dict[str, Any]) -> No
     trial.reports = {str(step): reports[step] for step in sorted(reports)[-MAX_REPORTS:]}
 
 
-def _summary(engine: SweepEngine, status: dict[str, Any]) -> dict[str, Any]:
-    """A succeeded job's status in the words of a local run's summary.json, which `final_value` reads."""
+def _outcome(engine: SweepEngine, status: dict[str, Any]) -> TrialOutcome:
+    """What a succeeded trial job measured, from its status."""
     progress = status.get("progress") or {}
     deterministic = ((status.get("evaluation") or {}).get("deterministic") or {}).get("meanReturn")
     target = engine.sweep.spec.template.stopping.target_return
     mean_return = progress.get("meanReturn")
     reached = target is not None and mean_return is not None and mean_return >= target
-    return {"mean_return": mean_return, "env_steps": int(progress.get("envSteps") or 0),
-            "evaluation": {"deterministic": {"mean_return": deterministic}},
-            "stopped_by": "target_return" if reached else None}
+    return TrialOutcome(mean_return, deterministic, int(progress.get("envSteps") or 0), reached)
 
 
 def _info(trial: TrialStatus) -> TrialInfo:

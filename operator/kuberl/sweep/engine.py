@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import math
+import random
 from typing import Any
 
 import optuna
@@ -56,6 +58,25 @@ class TrialInfo:
     last_report: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class TrialOutcome:
+    """What a finished run measured, whichever way it ran: a local run's summary.json (`from_summary`), or a
+    trial job's status on a cluster (`kuberl.sweep.cluster`)."""
+
+    #: The training return over its window at the end, and the deterministic evaluation's (None: not run).
+    mean_return: float | None
+    evaluation_return: float | None
+    env_steps: int
+    #: It stopped because it reached spec.stopping.targetReturn.
+    reached_target: bool
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, Any]) -> TrialOutcome:
+        evaluation = ((summary.get("evaluation") or {}).get("deterministic") or {}).get("mean_return")
+        return cls(summary.get("mean_return"), evaluation, int(summary.get("env_steps") or 0),
+                   summary.get("stopped_by") == "target_return")
+
+
 def spec_digest(sweep: RLSweep) -> str:
     """What a resumed sweep must match: its spec, not its name or labels."""
     text = json.dumps(sweep.spec.model_dump(mode="json", by_alias=True), sort_keys=True)
@@ -91,9 +112,41 @@ class SweepEngine:
             raise SweepChanged(f"the sweep {sweep.metadata.name} was started from a different spec: run it in a "
                                "new directory, or put the file back as it was")
         self._distributions = {p.path: _distribution(p) for p in spec.parameters}
+        #: A grid's points in the order they run (`_grid`); None for a sampler's draws.
+        self._grid = _grid(sweep) if spec.search.sampler == Sampler.GRID else None
         self._trials: dict[int, optuna.trial.Trial] = {}
         if resume:
             self._requeue_interrupted()
+
+    @classmethod
+    def from_record(cls, sweep: RLSweep, trials: list[TrialStatus]) -> SweepEngine:
+        """The study as a record left it (the operator keeps one in the sweep's status, so that a restarted
+        operator goes on where it was), with Optuna's public calls only: each trial added in order of number,
+        with its values, state, objective and pruner reports; a running trial asked again (from the queue, so
+        with its values) and its reports made again, so it can report on and be finished. The sampler is
+        seeded by how many trials there are, so each new configuration is a fresh draw, the same one for the
+        same record."""
+        engine = cls(sweep)
+        for number, record in enumerate(sorted(trials, key=lambda t: t.number)):
+            if record.number != number:
+                raise ValueError(f"the record's trials must be numbered 0, 1, ...: found {record.number} at {number}")
+            params = {p.path: record.parameters[p.path] for p in sweep.spec.parameters}
+            attrs = {"configuration": record.configuration, "seed": record.seed}
+            reports = {int(step): value for step, value in record.reports.items()}
+            if record.state == TrialState.RUNNING:
+                engine.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
+                trial = engine.study.ask(engine._distributions)
+                for step in sorted(reports):
+                    trial.report(reports[step], step)
+                engine._trials[trial.number] = trial
+                continue
+            state = RECORDED[record.state]
+            engine.study.add_trial(optuna.trial.create_trial(
+                state=state, value=record.objective if state == optuna.trial.TrialState.COMPLETE else None,
+                params=params, distributions=engine._distributions, user_attrs=attrs, intermediate_values=reports))
+        if engine._grid is None:
+            engine.study.sampler = _sampler(sweep, offset=len(trials))
+        return engine
 
     # ---- the step-by-step interface --------------------------------------------------------------------
 
@@ -106,6 +159,8 @@ class SweepEngine:
             found = {t.user_attrs["configuration"] for t in frozen if "configuration" in t.user_attrs}
             if len(found) >= self.configurations:
                 self._queue_next_seed(frozen)
+            elif self._grid is not None:
+                self._queue_next_point(frozen)
         trial = self.study.ask(self._distributions)
         if "configuration" not in trial.user_attrs:  # a new configuration from the sampler, on its first seed
             configuration = len({t.user_attrs.get("configuration") for t in frozen} - {None})
@@ -148,17 +203,17 @@ class SweepEngine:
 
     # ---- objective values --------------------------------------------------------------------------------
 
-    def final_value(self, summary: dict[str, Any]) -> float | None:
-        """A finished run's objective from its summary (summary.json)."""
+    def final_value(self, outcome: TrialOutcome) -> float | None:
+        """A finished run's objective."""
         if self.metric == Metric.MEAN_RETURN:
-            return summary.get("mean_return")
+            return outcome.mean_return
         if self.metric == Metric.EVALUATION_RETURN:
-            return ((summary.get("evaluation") or {}).get("deterministic") or {}).get("mean_return")
-        if summary.get("stopped_by") == "target_return":
-            return float(summary["env_steps"])
+            return outcome.evaluation_return
+        if outcome.reached_target:
+            return float(outcome.env_steps)
         # Never reached the target: it counts its whole budget (at least what it ran).
         budget = self.sweep.spec.template.stopping.max_env_steps
-        return float(max(budget or 0, summary.get("env_steps", 0)))
+        return float(max(budget or 0, outcome.env_steps))
 
     def _intermediate(self, mean_return: float) -> float:
         """What a running trial reports: its return, or for envStepsToTarget what it lacks to the target
@@ -188,6 +243,13 @@ class SweepEngine:
                 self.study.enqueue_trial(params, user_attrs={"configuration": configuration, "seed": missing[0]},
                                          skip_if_exists=False)
 
+    def _queue_next_point(self, frozen: list[optuna.trial.FrozenTrial]) -> None:
+        """A grid's next point not yet run: its first seed, as a new configuration."""
+        seen = [t.params for t in frozen if "configuration" in t.user_attrs]
+        point = next((point for point in self._grid or [] if point not in seen), None)
+        if point is not None:
+            self.study.enqueue_trial(point, skip_if_exists=False)
+
     def _requeue_interrupted(self) -> None:
         """Trials that were running when the last process stopped fail, and run again from the start."""
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -201,35 +263,6 @@ class SweepEngine:
         last = t.intermediate_values[steps[-1]] if steps else None
         return TrialInfo(t.number, t.user_attrs["configuration"], dict(t.params), t.user_attrs["seed"],
                          _STATES.get(t.state, t.state.name.lower()), t.value, steps[-1] if steps else None, last)
-
-
-def restore(engine: SweepEngine, trials: list[TrialStatus]) -> None:
-    """The study as a record left it (the operator keeps one in the sweep's status, so that a restarted
-    operator goes on where it was): each trial added in order of number, with its values, state,
-    objective and pruner reports; a running trial can report again and be finished. The sampler is
-    seeded by how many trials there are, so each new configuration is a fresh draw, the same one for
-    the same record."""
-    grid = engine.study.sampler if isinstance(engine.study.sampler, _GridSampler) else None
-    for number, record in enumerate(sorted(trials, key=lambda t: t.number)):
-        if record.number != number:
-            raise ValueError(f"the record's trials must be numbered 0, 1, ...: found {record.number} at {number}")
-        state = RECORDED[record.state]
-        params = {p.path: record.parameters[p.path] for p in engine.sweep.spec.parameters}
-        system_attrs = {}
-        if grid is not None:
-            point = tuple(params[name] for name in grid._param_names)
-            system_attrs = {"search_space": grid._search_space, "grid_id": grid._all_grids.index(point)}
-        engine.study.add_trial(optuna.trial.create_trial(
-            state=state, value=record.objective if state == optuna.trial.TrialState.COMPLETE else None,
-            params=params, distributions=engine._distributions, system_attrs=system_attrs,
-            user_attrs={"configuration": record.configuration, "seed": record.seed},
-            intermediate_values={int(step): value for step, value in record.reports.items()}))
-        if state == optuna.trial.TrialState.RUNNING:
-            storage = engine.study._storage
-            trial_id = storage.get_trial_id_from_study_id_trial_number(engine.study._study_id, number)
-            engine._trials[number] = optuna.trial.Trial(engine.study, trial_id)
-    if grid is None:
-        engine.study.sampler = _sampler(engine.sweep, offset=len(trials))
 
 
 def _runs(frozen: list[optuna.trial.FrozenTrial]) -> dict[tuple[int, int], int]:
@@ -255,20 +288,22 @@ def _distribution(param) -> optuna.distributions.BaseDistribution:
     return optuna.distributions.CategoricalDistribution(_choices(param))
 
 
-class _GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler, asked one trial at a time: its `after_trial` stops the study's optimize()
-    loop once the grid is done, which outside that loop is an error; the engine keeps its own count."""
-
-    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-        return None
+def _grid(sweep: RLSweep) -> list[dict[str, Any]]:
+    """Every point of a grid sweep, in a shuffled order that its search seed fixes (as Optuna's grid sampler
+    draws its points): the engine queues them itself, one configuration at a time, so that a study rebuilt
+    from a record knows which points ran from the trials' values alone."""
+    paths = [p.path for p in sweep.spec.parameters]
+    points = [dict(zip(paths, values, strict=True))
+              for values in itertools.product(*(_choices(p) for p in sweep.spec.parameters))]
+    random.Random(sweep.spec.search.seed).shuffle(points)
+    return points
 
 
 def _sampler(sweep: RLSweep, offset: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler of new configurations. A grid's come from the queue (`_grid`), which a sampler does not
+    consult; it still needs one."""
     search = sweep.spec.search
-    if search.sampler == Sampler.GRID:
-        space = {p.path: _choices(p) for p in sweep.spec.parameters}
-        return _GridSampler(space, seed=search.seed)
-    if search.sampler == Sampler.RANDOM:
+    if search.sampler in (Sampler.RANDOM, Sampler.GRID):
         return optuna.samplers.RandomSampler(seed=search.seed + offset)
     startup = min(10, max(1, sweep.spec.max_trials // sweep.spec.seeds // 3))
     return optuna.samplers.TPESampler(seed=search.seed + offset, n_startup_trials=startup)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.api.sweep import RLSweep
-from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepEngine, TrialInfo
+from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepEngine, TrialInfo, TrialOutcome
 from kuberl.trainer.sweep_report import LiveTable, TrialRow, write_results
 
 #: A file in a trial's run directory that asks it to stop after its iteration (pruned, or past the deadline).
@@ -148,7 +148,7 @@ class SweepRun:
         elif running.stopping == PRUNED:
             row.state = PRUNED
         else:
-            row.objective = self.engine.final_value(row.summary)
+            row.objective = self.engine.final_value(TrialOutcome.from_summary(row.summary))
             row.state = COMPLETE if row.objective is not None else FAILED
         self.engine.finish(row.info.number, row.state, row.objective)
         row.info = next(t for t in self.engine.trials() if t.number == row.info.number)
