@@ -11,9 +11,9 @@ another as fast as the server takes them, and measures, per job:
   2. create request -> status.phase Running (every pod Running and ready), from a watch on the jobs;
   3. the operator's requests to the API server, from the audit log, per job and by verb;
   4. the operator process's resident memory (VmHWM, its peak).
-The results also carry, as `emulator_burst_for_comparison`, the burst figures that bench/results/operator.json
-holds (50 jobs x 4 workers): a run against an in-process API emulator, not a real API server, so they do not
-compare with this script's own.
+The results also carry `emulator_burst_for_comparison`, copied from bench/results/operator.json: figures
+measured against an in-process API emulator, not a real API server, so they do not compare with this
+script's own.
 
     ./scripts/build-kwok
     .venv/bin/python bench/bench_operator_scale.py [--jobs 200] [--workers 2] [--nodes 20] [--api-threads 4]
