@@ -49,7 +49,7 @@ def test_a_sweep_ranks_its_configurations_from_its_trials_own_summaries(tmp_path
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert len(rows) == 4 and {r["state"] for r in rows} == {"complete"}
+    assert len(rows) == 4 and {r["state"] for r in rows} == {"Succeeded"}
     assert sorted((r["algorithm.ppo.learningRate"], r["seed"]) for r in rows) == [
         ("0.0003", "0"), ("0.0003", "1"), ("0.01", "0"), ("0.01", "1")]
     for row in rows:
@@ -132,7 +132,7 @@ def test_resume_continues_an_interrupted_sweep_without_redoing_finished_trials(t
                              cwd=tmp_path, env=env, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert len(rows) == 4 and {r["state"] for r in rows} == {"complete"}
+    assert len(rows) == 4 and {r["state"] for r in rows} == {"Succeeded"}
     assert sorted((r["algorithm.ppo.learningRate"], r["seed"]) for r in rows) == [
         ("0.0003", "0"), ("0.0003", "1"), ("0.01", "0"), ("0.01", "1")]
     assert "0" in {r["trial"] for r in rows}  # the finished trial is kept, not run again

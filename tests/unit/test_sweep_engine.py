@@ -13,7 +13,8 @@ from conftest import REPO
 from scipy import stats
 
 from kuberl.api.sweep import parse_sweep
-from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepChanged, SweepEngine, TrialInfo, TrialOutcome
+from kuberl.api.sweep import TrialState
+from kuberl.sweep.engine import SweepChanged, SweepEngine, TrialInfo, TrialOutcome
 from kuberl.sweep.statistics import curve_band, difference_interval, iqm, iqm_interval, rank
 
 LR = "algorithm.ppo.learningRate"
@@ -37,7 +38,7 @@ def test_a_grid_runs_every_configuration_on_a_seed_before_the_next_seed():
     seen = []
     while (trial := engine.next_trial()) is not None:
         seen.append((trial.configuration, trial.params[LR], trial.seed))
-        engine.finish(trial.number, COMPLETE, trial.params[LR] * 1000 + trial.seed)
+        engine.finish(trial.number, TrialState.SUCCEEDED, trial.params[LR] * 1000 + trial.seed)
     assert len(seen) == 15
     assert [seed for _, _, seed in seen] == [s for s in range(5) for _ in range(3)]
     assert {lr for _, lr, _ in seen} == {0.0003, 0.0025, 0.01}
@@ -66,13 +67,13 @@ def test_the_median_pruner_stops_a_trial_below_the_finished_ones():
     for trial, level in ((first, 100.0), (second, 120.0)):
         for step in range(1000, 10001, 1000):
             assert not engine.report(trial.number, step, level * step / 10000)
-        engine.finish(trial.number, COMPLETE, level)
+        engine.finish(trial.number, TrialState.SUCCEEDED, level)
     assert not engine.report(third.number, 1000, 1.0)  # before minEnvSteps: never
     assert not engine.report(third.number, 1500, 1.0)  # not a new multiple of everyEnvSteps
     assert engine.report(third.number, 2048, 2.0)  # 2.0 at 2000 steps against a median of 22
-    engine.finish(third.number, PRUNED)
+    engine.finish(third.number, TrialState.STOPPED)
     states = {t.number: t.state for t in engine.trials()}
-    assert states == {first.number: COMPLETE, second.number: COMPLETE, third.number: PRUNED}
+    assert states == {first.number: TrialState.SUCCEEDED, second.number: TrialState.SUCCEEDED, third.number: TrialState.STOPPED}
     assert engine.trials()[2].last_step == 2000 and engine.trials()[2].last_report == 2.0
 
 
@@ -106,7 +107,7 @@ def test_random_and_tpe_draw_configurations_within_the_distribution():
         trials = []
         while (trial := engine.next_trial()) is not None:
             trials.append(trial)
-            engine.finish(trial.number, COMPLETE, -abs(np.log10(trial.params[LR]) + 2.5))
+            engine.finish(trial.number, TrialState.SUCCEEDED, -abs(np.log10(trial.params[LR]) + 2.5))
         assert len(trials) == 8 and len({t.configuration for t in trials}) == 4
         assert all(1e-4 <= t.params[LR] <= 1e-2 and 2 <= t.params["algorithm.ppo.epochs"] <= 8 for t in trials)
         assert isinstance(trials[0].params["algorithm.ppo.epochs"], int)
@@ -129,7 +130,7 @@ def test_a_journal_resumes_without_redoing_finished_trials(tmp_path):
     done = []
     for _ in range(4):
         trial = engine.next_trial()
-        engine.finish(trial.number, COMPLETE, 1.0)
+        engine.finish(trial.number, TrialState.SUCCEEDED, 1.0)
         done.append((trial.configuration, trial.seed))
     interrupted = engine.next_trial()  # running when the process stops
 
@@ -138,7 +139,7 @@ def test_a_journal_resumes_without_redoing_finished_trials(tmp_path):
     rest = []
     while (trial := again.next_trial()) is not None:
         rest.append((trial.configuration, trial.seed))
-        again.finish(trial.number, COMPLETE, 1.0)
+        again.finish(trial.number, TrialState.SUCCEEDED, 1.0)
     # The interrupted one runs again, after the seed already queued beside it.
     assert (interrupted.configuration, interrupted.seed) in rest[:2]
     assert sorted(done + rest) == sorted((c, s) for c in range(3) for s in range(5))
@@ -175,13 +176,13 @@ def test_a_difference_is_significant_only_when_its_interval_leaves_out_zero():
 
 
 def test_rank_orders_by_iqm_marks_significance_and_puts_unfinished_last():
-    def runs(configuration, values, state=COMPLETE):
+    def runs(configuration, values, state=TrialState.SUCCEEDED):
         return [TrialInfo(configuration * 10 + i, configuration, {LR: configuration}, i, state, v)
                 for i, v in enumerate(values)]
 
     trials = (runs(0, [100.0, 110, 105, 95, 102]) + runs(1, [480.0, 490, 470, 500, 485])
-              + runs(2, [470.0, 500, 460, 495, 490]) + runs(3, [5.0, 6, 7], PRUNED)
-              + [TrialInfo(99, 2, {LR: 2}, 9, FAILED)])
+              + runs(2, [470.0, 500, 460, 495, 490]) + runs(3, [5.0, 6, 7], TrialState.STOPPED)
+              + [TrialInfo(99, 2, {LR: 2}, 9, TrialState.FAILED)])
     ranking = rank(trials, resamples=2000)
     assert [r.configuration for r in ranking] == [1, 2, 0, 3]
     assert [r.rank for r in ranking] == [1, 2, 3, None]

@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO
 
 from kuberl.api.sweep import parse_sweep
-from kuberl.sweep.engine import COMPLETE
+from kuberl.api.sweep import TrialState
 from kuberl.sweep.statistics import curve_band
 from kuberl.trainer.sweep import SweepOptions, SweepRun, _new_rows
 from kuberl.trainer.sweep_report import TrialRow, band_svg, write_results
@@ -58,14 +58,14 @@ def test_the_files_at_the_end_hold_every_trial_at_full_precision(tmp_path, capsy
                0.01: [270.0, 265.5, 280.25, 190.0, 275.0]}
     while (info := run.engine.next_trial()) is not None:
         value = returns[info.params[LR]][info.seed]
-        row = TrialRow(info, run.trial_dir(info), env_steps=30208, mean_return=value, state=COMPLETE,
+        row = TrialRow(info, run.trial_dir(info), env_steps=30208, mean_return=value, state=TrialState.SUCCEEDED.value,
                        summary={"env_steps": 30208, "mean_return": value, "stopped_by": "max_env_steps"},
                        objective=value)
         row.run_dir.mkdir(parents=True)
         (row.run_dir / "metrics.jsonl").write_text("".join(
             json.dumps({"env_steps": step, "mean_return": value * step / 30208}) + "\n"
             for step in range(1024, 30209, 1024)))
-        run.engine.finish(info.number, COMPLETE, value)
+        run.engine.finish(info.number, TrialState.SUCCEEDED, value)
         row.info = run.engine.trials()[info.number]
         run.rows[info.number] = row
     ranking = write_results(run)

@@ -22,10 +22,8 @@ from kuberl.api.sweep import (
     trial_name,
 )
 from kuberl.sweep import statistics
-from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepChanged, SweepEngine, TrialInfo, TrialOutcome
+from kuberl.sweep.engine import SweepChanged, SweepEngine, TrialInfo, TrialOutcome
 
-#: What a trial's state is in the engine's words.
-_ENGINE_STATE = {COMPLETE: TrialState.SUCCEEDED, PRUNED: TrialState.STOPPED, FAILED: TrialState.FAILED}
 DEADLINE_MESSAGE = "stopped: spec.activeDeadlineSeconds passed"
 
 
@@ -72,7 +70,7 @@ def plan_pass(sweep: RLSweep, recorded: list[TrialStatus], jobs: dict[str, dict[
             continue
         _observe(engine, trial, jobs[trial.name])
         if trial.state == TrialState.RUNNING and past_deadline:
-            engine.finish(trial.number, FAILED)
+            engine.finish(trial.number, TrialState.FAILED)
             trial.state, trial.message = TrialState.FAILED, DEADLINE_MESSAGE
         if trial.state != TrialState.RUNNING:
             finished = True
@@ -109,19 +107,19 @@ def _observe(engine: SweepEngine, trial: TrialStatus, job: dict[str, Any]) -> No
     phase = status.get("phase")
     if phase == "Succeeded":
         value = engine.final_value(_outcome(engine, status))
-        state = COMPLETE if value is not None and math.isfinite(value) else FAILED
+        state = TrialState.SUCCEEDED if value is not None and math.isfinite(value) else TrialState.FAILED
         engine.finish(trial.number, state, value)
-        trial.state, trial.objective = _ENGINE_STATE[state], rounded(value) if state == COMPLETE else None
-        if state == FAILED:
+        trial.state, trial.objective = state, rounded(value) if state == TrialState.SUCCEEDED else None
+        if state == TrialState.FAILED:
             trial.message = f"its job succeeded without a {engine.metric.value} to score"
         return
     if phase == "Failed":
-        engine.finish(trial.number, FAILED)
+        engine.finish(trial.number, TrialState.FAILED)
         trial.state = TrialState.FAILED
         trial.message = f"its job failed: {status.get('reason') or ''} {status.get('message') or ''}".strip()[:500]
         return
     if engine.report(trial.number, trial.env_steps, progress.get("meanReturn")):
-        engine.finish(trial.number, PRUNED)
+        engine.finish(trial.number, TrialState.STOPPED)
         trial.state = TrialState.STOPPED
         trial.message = f"stopped by the pruner at {trial.env_steps} env steps"
     reports = engine.study.get_trials(deepcopy=False)[trial.number].intermediate_values
@@ -139,7 +137,7 @@ def _outcome(engine: SweepEngine, status: dict[str, Any]) -> TrialOutcome:
 
 
 def _info(trial: TrialStatus) -> TrialInfo:
-    return TrialInfo(trial.number, trial.configuration, dict(trial.parameters), trial.seed, "running")
+    return TrialInfo(trial.number, trial.configuration, dict(trial.parameters), trial.seed, TrialState.RUNNING)
 
 
 def rank(sweep: RLSweep, infos: list[TrialInfo]) -> list[ConfigurationResult]:

@@ -35,13 +35,11 @@ from kuberl.api.sweep import (
     trial_name,
 )
 
-#: A trial's states, as the runner and the operator show them.
-RUNNING, COMPLETE, PRUNED, FAILED = "running", "complete", "pruned", "failed"
-_STATES = {optuna.trial.TrialState.RUNNING: RUNNING, optuna.trial.TrialState.COMPLETE: COMPLETE,
-           optuna.trial.TrialState.PRUNED: PRUNED, optuna.trial.TrialState.FAIL: FAILED}
-#: A trial's state as the sweep's status records it, and as the study holds it.
+#: A trial's state (the one vocabulary: the runner's, the operator's, the sweep's status), and as the study
+#: holds it.
 RECORDED = {TrialState.RUNNING: optuna.trial.TrialState.RUNNING, TrialState.SUCCEEDED: optuna.trial.TrialState.COMPLETE,
             TrialState.STOPPED: optuna.trial.TrialState.PRUNED, TrialState.FAILED: optuna.trial.TrialState.FAIL}
+_FROM_STUDY = {study: state for state, study in RECORDED.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +50,7 @@ class TrialInfo:
     configuration: int
     params: dict[str, Any]
     seed: int
-    state: str
+    state: TrialState
     value: float | None = None
     last_step: int | None = None
     last_report: float | None = None
@@ -182,12 +180,13 @@ class SweepEngine:
         trial.report(self._intermediate(value), step)
         return trial.should_prune()
 
-    def finish(self, number: int, state: str, value: float | None = None) -> None:
-        """A trial ended: COMPLETE with its objective, PRUNED (its last report stands), or FAILED."""
+    def finish(self, number: int, state: TrialState, value: float | None = None) -> None:
+        """A trial ended: SUCCEEDED with its objective, STOPPED by the pruner (its last report stands), or
+        FAILED."""
         trial = self._trials.pop(number)
-        if state == COMPLETE and value is not None and math.isfinite(value):
+        if state == TrialState.SUCCEEDED and value is not None and math.isfinite(value):
             self.study.tell(trial, value)
-        elif state == PRUNED:
+        elif state == TrialState.STOPPED:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -262,7 +261,7 @@ class SweepEngine:
         steps = sorted(t.intermediate_values)
         last = t.intermediate_values[steps[-1]] if steps else None
         return TrialInfo(t.number, t.user_attrs["configuration"], dict(t.params), t.user_attrs["seed"],
-                         _STATES.get(t.state, t.state.name.lower()), t.value, steps[-1] if steps else None, last)
+                         _FROM_STUDY.get(t.state, TrialState.RUNNING), t.value, steps[-1] if steps else None, last)
 
 
 def _runs(frozen: list[optuna.trial.FrozenTrial]) -> dict[tuple[int, int], int]:

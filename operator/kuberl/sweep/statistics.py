@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from kuberl.sweep.engine import COMPLETE, TrialInfo
+from kuberl.api.sweep import TrialState
+from kuberl.sweep.engine import TrialInfo
 
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
@@ -95,7 +96,7 @@ def rank(trials: Sequence[TrialInfo], higher_is_better: bool = True, confidence:
         groups.setdefault(trial.configuration, []).append(trial)
     scored = []
     for configuration, group in sorted(groups.items()):
-        values = [t.value for t in group if t.state == COMPLETE and t.value is not None]
+        values = [t.value for t in group if t.state == TrialState.SUCCEEDED and t.value is not None]
         interval = iqm_interval(values, confidence, resamples, seed) if values else None
         scored.append(Ranked(None, configuration, group[0].params, values, len(group), interval))
     sign = -1.0 if higher_is_better else 1.0

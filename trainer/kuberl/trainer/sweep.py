@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.sweep import RLSweep
-from kuberl.sweep.engine import COMPLETE, FAILED, PRUNED, SweepEngine, TrialInfo, TrialOutcome
+from kuberl.api.sweep import RLSweep, TrialState
+from kuberl.sweep.engine import SweepEngine, TrialInfo, TrialOutcome
 from kuberl.trainer.sweep_report import LiveTable, TrialRow, write_results
 
 #: A file in a trial's run directory that asks it to stop after its iteration (pruned, or past the deadline).
@@ -63,7 +63,7 @@ class _Running:
     row: TrialRow
     ref: Any
     read: int = 0  # bytes of metrics.jsonl already reported
-    stopping: str | None = None  # PRUNED or FAILED (deadline) once asked to stop
+    stopping: TrialState | None = None  # STOPPED (the pruner) or FAILED (the deadline) once asked to stop
 
 
 class SweepRun:
@@ -113,13 +113,13 @@ class SweepRun:
             for row in rows:
                 running.row.env_steps, running.row.mean_return = row["env_steps"], row.get("mean_return")
                 if running.stopping is None and self.engine.report(number, row["env_steps"], row.get("mean_return")):
-                    self._stop(running, PRUNED)
+                    self._stop(running, TrialState.STOPPED)
             if running.stopping is None and self.past_deadline():
-                self._stop(running, FAILED)
+                self._stop(running, TrialState.FAILED)
 
-    def _stop(self, running: _Running, why: str) -> None:
+    def _stop(self, running: _Running, why: TrialState) -> None:
         running.stopping = why
-        running.row.state = "pruning" if why == PRUNED else "stopping"
+        running.row.state = "pruning" if why == TrialState.STOPPED else "stopping"
         (running.row.run_dir / STOP_FILE).touch()
 
     def collect(self, done: list[Any]) -> None:
@@ -142,22 +142,23 @@ class SweepRun:
         row = running.row
         if row.summary:
             row.env_steps, row.mean_return = row.summary["env_steps"], row.summary.get("mean_return")
-        if row.error is not None or running.stopping == FAILED:
-            row.state = FAILED
+        if row.error is not None or running.stopping == TrialState.FAILED:
+            state = TrialState.FAILED
             row.error = row.error or "stopped: spec.activeDeadlineSeconds passed"
-        elif running.stopping == PRUNED:
-            row.state = PRUNED
+        elif running.stopping == TrialState.STOPPED:
+            state = TrialState.STOPPED
         else:
             row.objective = self.engine.final_value(TrialOutcome.from_summary(row.summary))
-            row.state = COMPLETE if row.objective is not None else FAILED
-        self.engine.finish(row.info.number, row.state, row.objective)
+            state = TrialState.SUCCEEDED if row.objective is not None else TrialState.FAILED
+        row.state = state.value
+        self.engine.finish(row.info.number, state, row.objective)
         row.info = next(t for t in self.engine.trials() if t.number == row.info.number)
 
 
 def _finished_row(run: SweepRun, info: TrialInfo) -> TrialRow:
     """A trial a previous process ran, as its run directory left it."""
-    row = TrialRow(info, run.trial_dir(info), state=info.state, objective=info.value if info.state == COMPLETE
-                   else None)
+    row = TrialRow(info, run.trial_dir(info), state=info.state.value,
+                   objective=info.value if info.state == TrialState.SUCCEEDED else None)
     summary_path = row.run_dir / "summary.json"
     if summary_path.exists():
         row.summary = json.loads(summary_path.read_text())

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from kuberl.api.sweep import Metric, RLSweep
-from kuberl.sweep.engine import RUNNING, SweepEngine, TrialInfo
+from kuberl.api.sweep import Metric, RLSweep, TrialState
+from kuberl.sweep.engine import SweepEngine, TrialInfo
 from kuberl.sweep.statistics import Band, Ranked, curve_band, rank
 from kuberl.trainer.report import _readable, learning_curve_svg
 
@@ -29,7 +29,8 @@ class TrialRow:
     run_dir: Path
     env_steps: int = 0
     mean_return: float | None = None
-    state: str = RUNNING
+    #: TrialState's value, or what the runner is doing to it (pruning, stopping).
+    state: str = TrialState.RUNNING.value
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     objective: float | None = None
     error: str | None = None
