@@ -275,16 +275,21 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
         ports = sorted(temp_root.glob("n*/session_*/metrics_agent_port_*"))
         assert len(ports) >= 3 and {p.read_text().strip() for p in ports} == {"-1"}, ports
     finally:
-        for node in reversed(nodes):
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGTERM)
-        for node in nodes:
-            try:
-                node.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
-                node.wait()
-        shutil.rmtree(temp_root, ignore_errors=True)
+        _stop_all(nodes[::-1], temp_root)
+
+
+def _stop_all(procs: list[subprocess.Popen], temp_root: Path) -> None:
+    """Each process's group stopped (SIGTERM, then SIGKILL after 30 s), in the order given; then their files."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    shutil.rmtree(temp_root, ignore_errors=True)
 
 
 def _descendants(pid: int, name: str) -> list:
@@ -333,16 +338,7 @@ def test_a_node_whose_raylet_aborts_is_cleaned_up_and_started_again_leaving_othe
         assert len(_descendants(bystander.pid, "raylet")) == 1 and len(_descendants(bystander.pid, "gcs_server")) == 1
     finally:
         busy.close()
-        for proc in nodes:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in nodes:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        shutil.rmtree(temp_root, ignore_errors=True)
+        _stop_all(nodes, temp_root)
 
 
 @pytest.mark.slow
