@@ -8,7 +8,9 @@ phase that scripts/test prints (system packages, venv, images, tests) and of the
     .venv/bin/python bench/bench_ci.py --log ci.log --label warm   # record a run already made
                                                         # (`bash .ci/run > ci.log 2>&1` in a fresh clone)
 
-Each result holds the phase times, the 15 slowest tests (pytest's --durations), the number of test workers,
+Each result holds the phase times, the 15 slowest tests (pytest's --durations), each test module's summed time
+(from a JUnit XML file the run writes beside the clone: what a layer's one-bed-at-a-time chain costs), the number
+of test workers,
 and whether the run kept the budget docs/testing.md states: the tests phase of a warm run at most 35
 minutes, a whole cold run at most 60. A label containing "cold" is held to the cold budget.
 
@@ -56,6 +58,20 @@ def parse(text: str) -> dict:
             "disk_line": next((x for x in text.splitlines() if x.startswith("scripts/test: disk:")), None)}
 
 
+def module_seconds(junit: Path) -> dict[str, float]:
+    """Each test module's summed time (setup, call and teardown), the longest first."""
+    import xml.etree.ElementTree as ElementTree
+
+    sums: dict[str, float] = {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        # classname is the module's dotted path, and a test class's name after it where there is one.
+        parts = case.get("classname", "?").split(".")
+        last = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+        module = "/".join(parts[:last + 1]) + ".py"
+        sums[module] = sums.get(module, 0.0) + float(case.get("time") or 0.0)
+    return {module: round(sec, 1) for module, sec in sorted(sums.items(), key=lambda kv: -kv[1])}
+
+
 def make_cold() -> list[str]:
     """Remove what a new machine would not have and this project's scripts make or fetch."""
     removed = []
@@ -96,9 +112,12 @@ def main() -> None:
             subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
             shared = Path(tmp) / "shared"
             shared.symlink_to(REPO.parent / "shared")
+            junit = Path(tmp) / "junit.xml"
             started = time.monotonic()
+            # PYTEST_ADDOPTS: the run's own command line (and its printed output) stay as CI's.
             proc = subprocess.run(["bash", ".ci/run"], cwd=clone, stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, env={**os.environ, "CI": "true"}, check=False)
+                                  text=True, env={**os.environ, "CI": "true", "PYTEST_ADDOPTS": f"--junitxml={junit}"},
+                                  check=False)
             entry["whole_command_seconds"] = round(time.monotonic() - started, 1)
             text = proc.stdout + proc.stderr
             # The clone's commit: the repository's own may have moved on while the run went.
@@ -108,6 +127,8 @@ def main() -> None:
             log = Path(tempfile.gettempdir()) / f"kuberl-ci-{label}.log"
             log.write_text(text)
             print(f"the run's output: {log}", file=sys.stderr)
+            if junit.exists():
+                entry["module_seconds"] = module_seconds(junit)
             # what the run left on the disk (its clone's venv included, removed just after)
             entry["disk_gb_added"] = round((shutil.disk_usage("/").used - used_before) / 1e9, 1)
     entry.update(parse(text))
