@@ -71,6 +71,10 @@ def test_ppo_with_two_workers_serves_growing_counters(local_ray, job_dict, tmp_p
         assert second[name] > first[name] > 0, name
     assert second["kuberl_rollout_workers_ready"] == 2
     assert second["kuberl_env_steps_per_second"] > 0
+    # When the first env steps came, set once: the same at iteration 8 as at 2, after this process started.
+    assert second["kuberl_first_step_timestamp_seconds"] == first["kuberl_first_step_timestamp_seconds"] > 0
+    assert 0 < first["kuberl_time_to_first_step_seconds"] <= time.time() - (
+        first["kuberl_first_step_timestamp_seconds"] - first["kuberl_time_to_first_step_seconds"])
     labels = second["kuberl_env_steps_total:labels"]
     assert labels == {"job_name": "cartpole-ppo", "namespace": "default", "algorithm": "PPO",
                       "environment": "CartPole-v1"}

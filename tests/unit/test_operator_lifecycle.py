@@ -410,6 +410,37 @@ def test_progress_report_goes_into_status(sim):
     assert sim.status.progress.env_steps == 3400
 
 
+def test_time_to_first_step_is_read_once_from_the_learner_and_bounded_by_the_jobs_life(job_dict):
+    created = T0 - timedelta(seconds=30)
+    report = job_status.LearnerReport(Progress(env_steps=512, iterations=1), None, False,
+                                      first_step_time=created.timestamp() + 12.34)
+
+    def time_to_first_step(status, first_step_time, now):
+        views = []
+        report.first_step_time = first_step_time
+        job = parse_job(job_dict, check=check_registered)
+        return lifecycle.plan(meta=JobMeta("cartpole-ppo", "default", UID, 1, created), job=job, problems=[],
+                              status=status, pods=views, now=now, options=OPTIONS,
+                              report=report).status.time_to_first_step_seconds
+
+    assert time_to_first_step(RLTrainingJobStatus(), created.timestamp() + 12.34, T0) == 12.3
+    # Set once: a restarted learner's later first step does not move it.
+    assert time_to_first_step(RLTrainingJobStatus(time_to_first_step_seconds=12.3),
+                              created.timestamp() + 500, T0 + timedelta(minutes=10)) == 12.3
+    # The learner's clock is the tenant's: a time before the job existed, or after now, is not a start-up.
+    assert time_to_first_step(RLTrainingJobStatus(), created.timestamp() - 5, T0) is None
+    assert time_to_first_step(RLTrainingJobStatus(), T0.timestamp() + 3600, T0) is None
+    assert time_to_first_step(RLTrainingJobStatus(), None, T0) is None
+
+
+def test_the_learners_first_step_time_is_read_from_its_metrics():
+    text = ('kuberl_env_steps_total{job_name="j"} 512\n'
+            'kuberl_first_step_timestamp_seconds{job_name="j"} 1.7e9\n')
+    assert job_status.parse_learner_metrics(text, job_name="j").first_step_time == 1.7e9
+    zero = text.replace("1.7e9", "0")
+    assert job_status.parse_learner_metrics(zero, job_name="j").first_step_time is None  # none yet
+
+
 # -- what the API server refused of the job's creates: the planner decides (`refusals`) ------------------------
 
 

@@ -24,6 +24,8 @@ def finished_metrics(tmp_path, monkeypatch) -> str:
     metrics.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
     metrics.set("kuberl_checkpoint_iteration", 812)
     metrics.set("kuberl_job_finished", 1)
+    metrics.mark_first_step(1_700_000_100.0)
+    metrics.mark_first_step(1_700_000_900.0)  # the first is kept
     path = tmp_path / "termination-log"
     monkeypatch.setenv("KUBERL_TERMINATION_MESSAGE_PATH", str(path))
     metrics.write_termination_message()
@@ -39,6 +41,22 @@ def test_the_final_metrics_fit_a_termination_message_and_parse_as_a_scrape(tmp_p
     assert report.evaluation == {"deterministic": {"meanReturn": 0.97}, "self-play": {"winRate": 0.0},
                                  "vs-random-first": {"winRate": 0.99}}
     assert report.last_checkpoint == "ckpt-000000812.pt"
+    assert report.first_step_time == 1_700_000_100.0
+
+
+def test_the_time_to_first_step_counts_from_this_process_start():
+    import time
+
+    from kuberl.trainer import metrics as learner_metrics
+
+    started = learner_metrics.process_start_time()
+    # Read from /proc, not the import-time fallback: this process started before the module was imported
+    # (Python's start-up and pytest's collection came first), and not long before on a busy machine.
+    assert 0 < learner_metrics._IMPORTED_AT - started < 600
+    metrics = LearnerMetrics(JobLabels("j", "ml", "PPO", "CartPole-v1"))
+    metrics.mark_first_step()
+    seconds = metrics["kuberl_time_to_first_step_seconds"]._value.get()
+    assert 0 < seconds <= time.time() - started + 1
 
 
 def test_a_succeeded_learner_pod_hands_its_message_to_the_operator(tmp_path, monkeypatch):

@@ -27,6 +27,8 @@ PRINTER_COLUMNS = [
     {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm.name", "priority": 1,
      "description": "Algorithm."},
     {"name": "Env", "type": "string", "jsonPath": ".spec.environment.id", "priority": 1, "description": "Environment."},
+    {"name": "First-Step", "type": "number", "jsonPath": ".status.timeToFirstStepSeconds", "priority": 1,
+     "description": "Seconds from kubectl apply to the learner's first env steps."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

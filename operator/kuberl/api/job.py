@@ -813,6 +813,9 @@ class RLTrainingJobStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list, description="Standard conditions.")
     observed_generation: int | None = Field(default=None, description="Last spec generation acted on.")
     start_time: datetime | None = Field(default=None, description="When the job's pods were first created.")
+    time_to_first_step_seconds: float | None = Field(
+        default=None, ge=0, description="Seconds from the job's creation (kubectl apply) to the learner's first env "
+                                        "steps, to 0.1: the start-up a user waits through. Set once.")
     completion_time: datetime | None = Field(default=None, description="When the job succeeded or failed.")
     workers_ready: int = Field(default=0, ge=0, description="Rollout workers ready.")
     workers_desired: int = Field(default=0, ge=0, description="Rollout workers wanted.")

@@ -18,6 +18,7 @@ import logging
 import math
 import secrets
 import time
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -252,7 +253,8 @@ class JobLoop(ObjectLoop):
         pods = [PodView.from_pod(pod, self.uid) for pod in raw_pods
                 if (pod.get("metadata", {}).get("labels") or {}).get(names.JOB_NAME_LABEL) == self.name]
         report = await self.progress.read(job, pods)
-        meta = JobMeta(self.name, self.namespace, self.uid, body["metadata"].get("generation"))
+        meta = JobMeta(self.name, self.namespace, self.uid, body["metadata"].get("generation"),
+                       _created(body["metadata"].get("creationTimestamp")))
         decide = functools.partial(lifecycle.plan, meta=meta, job=job, problems=problems, status=self.status,
                                    pods=pods, now=job_status.now(), options=self.runtime.config.build,
                                    report=report, deleted=self.deleted)
@@ -306,6 +308,14 @@ class JobLoop(ObjectLoop):
         if plan.wake_in is not None:
             wait = min(wait, plan.wake_in + 0.05)
         return wait
+
+
+def _created(stamp: Any) -> datetime | None:
+    """metadata.creationTimestamp (RFC 3339, as the API server writes it) as a datetime."""
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+    except ValueError:
+        return None
 
 
 def post_events(body: kopf.Body, plan: Plan, logger: logging.Logger | logging.LoggerAdapter) -> None:

@@ -51,6 +51,8 @@ class JobMeta:
     namespace: str
     uid: str | None = None
     generation: int | None = None
+    #: metadata.creationTimestamp: when `kubectl apply` made the job.
+    created: datetime | None = None
 
 
 @dataclass
@@ -612,6 +614,9 @@ def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | 
     decided = Plan(status=status.model_copy(deep=True))
     before = Phase(decided.status.phase)
     _take_report(decided.status, report)
+    if decided.status.time_to_first_step_seconds is None and report is not None:
+        decided.status.time_to_first_step_seconds = job_status.time_to_first_step(report.first_step_time,
+                                                                                  meta.created, now)
     refused = refusals.current(refusal, meta.generation)
     spec_fault = refusals.as_problem(refused, before)
     workers_desired = job.spec.rollout_workers.replicas if job else decided.status.workers_desired

@@ -87,6 +87,7 @@ PROGRESS_METRICS = (
     "kuberl_gradient_updates_total", "kuberl_iterations_total",
 )
 CHECKPOINT_METRIC = "kuberl_checkpoint_timestamp_seconds"
+FIRST_STEP_METRIC = "kuberl_first_step_timestamp_seconds"
 
 
 #: The largest integer the status holds: the API server stores integers as int64 and refuses a larger one,
@@ -178,12 +179,15 @@ class LearnerReport:
     """What one scrape of the learner's /metrics says."""
 
     def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool,
-                 last_checkpoint: str | None = None, evaluation: dict[str, Any] | None = None):
+                 last_checkpoint: str | None = None, evaluation: dict[str, Any] | None = None,
+                 first_step_time: float | None = None):
         self.progress = progress
         self.last_checkpoint_time = last_checkpoint_time
         self.finished = finished
         self.last_checkpoint = last_checkpoint
         self.evaluation = evaluation
+        #: Unix time the learner first received env steps (as it says: `time_to_first_step` bounds it).
+        self.first_step_time = first_step_time
 
 
 def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -237,4 +241,18 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
         evaluation = {"deterministic": {"meanReturn": _readable_return(main_return)}}
         for suite, rate in sorted(win_rates.items()):
             evaluation[suite] = {"winRate": _readable_fraction(rate)}
-    return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation)
+    first_step = samples.get(FIRST_STEP_METRIC)
+    return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation,
+                         first_step if first_step is not None and first_step > 0 else None)
+
+
+def time_to_first_step(first_step_time: float | None, created: datetime | None, now: datetime) -> float | None:
+    """Seconds from the job's creation to the learner's first env steps, to 0.1; None when either is unknown or
+    the learner's time is not between the two (its clock is the tenant's to set: a time before the job
+    existed or after this moment is not a start-up)."""
+    if first_step_time is None or created is None:
+        return None
+    seconds = first_step_time - created.timestamp()
+    if not 0 <= seconds <= (now - created).total_seconds() + 1:
+        return None
+    return round(seconds, 1)

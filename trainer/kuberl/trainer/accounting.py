@@ -80,6 +80,8 @@ def metrics_row(counters: Counters, tally: Tally) -> dict[str, Any]:
 
 def publish_iteration(metrics: LearnerMetrics, counters: Counters, tally: Tally) -> None:
     """The iteration's increments and gauges, once its row is written."""
+    if tally.env_steps > 0:
+        metrics.mark_first_step()
     metrics.inc("kuberl_episodes_total", tally.episodes)
     metrics.inc("kuberl_env_steps_total", tally.env_steps)
     metrics.inc("kuberl_gradient_updates_total", tally.gradient_updates)

@@ -6,7 +6,10 @@ Imports prometheus_client only, so the dashboard test and the operator can read 
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -37,6 +40,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_evaluation_return_mean": ("gauge", "Mean return of the final deterministic evaluation."),
     "kuberl_evaluation_win_rate": ("gauge", "Win rate of an evaluation suite (two-player envs), labelled by suite."),
     "kuberl_job_finished": ("gauge", "1 once training has finished (stopping condition met), else 0."),
+    "kuberl_first_step_timestamp_seconds": (
+        "gauge", "Unix time the learner first received env steps from its rollout workers (0 before)."),
+    "kuberl_time_to_first_step_seconds": (
+        "gauge", "Seconds from the learner process's start to its first env steps (0 before)."),
     "kuberl_preference_accuracy": ("gauge", "Preference head: share of held-out ranked pairs it orders right."),
     "kuberl_preference_pairs_used": ("gauge", "Preference head: ranked pairs taken in so far (teacher and people)."),
     "kuberl_preference_pairs_human": ("gauge", "Preference head: ranked pairs taken in from the pairs file."),
@@ -72,7 +79,17 @@ class LearnerMetrics:
             self._m[name] = metric if extra else metric.labels(*labels.values())
         self._m["kuberl_checkpoint_timestamp_seconds"].set(0)
         self._m["kuberl_job_finished"].set(0)
+        self.first_step_at: float | None = None
         self.server = None
+
+    def mark_first_step(self, now: float | None = None) -> None:
+        """The first env steps arrived: when, and how long after this process started (on a cluster, its
+        container). Later calls keep the first."""
+        if self.first_step_at is not None:
+            return
+        self.first_step_at = time.time() if now is None else now
+        self.set("kuberl_first_step_timestamp_seconds", self.first_step_at)
+        self.set("kuberl_time_to_first_step_seconds", max(0.0, self.first_step_at - process_start_time()))
 
     def __getitem__(self, name: str):
         return self._m[name]
@@ -117,6 +134,21 @@ class LearnerMetrics:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+_IMPORTED_AT = time.time()
+
+
+def process_start_time() -> float:
+    """Unix time this process started, from Linux's /proc (its start in clock ticks after the boot, and the
+    boot's time); where /proc cannot say, when this module was imported."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
 
 
 #: Kubernetes keeps at most 4096 bytes of a container's termination message.
