@@ -114,7 +114,7 @@ class SweepEngine:
         self._grid = _grid(sweep) if spec.search.sampler == Sampler.GRID else None
         self._trials: dict[int, optuna.trial.Trial] = {}
         if resume:
-            self._requeue_interrupted()
+            _requeue_interrupted(self.study)
 
     @classmethod
     def from_record(cls, sweep: RLSweep, trials: list[TrialStatus]) -> SweepEngine:
@@ -156,9 +156,9 @@ class SweepEngine:
         if not any(t.state == optuna.trial.TrialState.WAITING for t in frozen):
             found = {t.user_attrs["configuration"] for t in frozen if "configuration" in t.user_attrs}
             if len(found) >= self.configurations:
-                self._queue_next_seed(frozen)
+                _queue_next_seed(self.study, frozen, self.sweep.spec.template.seed, self.seeds)
             elif self._grid is not None:
-                self._queue_next_point(frozen)
+                _queue_next_point(self.study, frozen, self._grid)
         trial = self.study.ask(self._distributions)
         if "configuration" not in trial.user_attrs:  # a new configuration from the sampler, on its first seed
             configuration = len({t.user_attrs.get("configuration") for t in frozen} - {None})
@@ -224,44 +224,47 @@ class SweepEngine:
 
     # ---- inside ----------------------------------------------------------------------------------------
 
-    def _queue_next_seed(self, frozen: list[optuna.trial.FrozenTrial]) -> None:
-        """Every configuration's next seed not yet run, in configuration order."""
-        runs: dict[int, tuple[dict[str, Any], set[int]]] = {}
-        for t in frozen:
-            configuration = t.user_attrs.get("configuration")
-            if configuration is not None:
-                runs.setdefault(configuration, (t.params, set()))[1].add(t.user_attrs["seed"])
-        base = self.sweep.spec.template.seed
-        # Only the configurations that ran fewest seeds: a study rebuilt from a record (which keeps no queue)
-        # goes on seed by seed as the one that queued them would.
-        fewest = min((len(seeds) for _params, seeds in runs.values()), default=0)
-        for configuration in sorted(runs):
-            params, seeds = runs[configuration]
-            missing = [seed for seed in range(base, base + self.seeds) if seed not in seeds]
-            if missing and len(seeds) == fewest:
-                self.study.enqueue_trial(params, user_attrs={"configuration": configuration, "seed": missing[0]},
-                                         skip_if_exists=False)
-
-    def _queue_next_point(self, frozen: list[optuna.trial.FrozenTrial]) -> None:
-        """A grid's next point not yet run: its first seed, as a new configuration."""
-        seen = [t.params for t in frozen if "configuration" in t.user_attrs]
-        point = next((point for point in self._grid or [] if point not in seen), None)
-        if point is not None:
-            self.study.enqueue_trial(point, skip_if_exists=False)
-
-    def _requeue_interrupted(self) -> None:
-        """Trials that were running when the last process stopped fail, and run again from the start."""
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-            self.study.enqueue_trial(t.params, user_attrs={"configuration": t.user_attrs["configuration"],
-                                                           "seed": t.user_attrs["seed"]}, skip_if_exists=False)
-
     def _info(self, number: int) -> TrialInfo:
         t = self.study.get_trials(deepcopy=False)[number]
         steps = sorted(t.intermediate_values)
         last = t.intermediate_values[steps[-1]] if steps else None
         return TrialInfo(t.number, t.user_attrs["configuration"], dict(t.params), t.user_attrs["seed"],
                          _FROM_STUDY.get(t.state, TrialState.RUNNING), t.value, steps[-1] if steps else None, last)
+
+
+def _queue_next_seed(study: optuna.Study, frozen: list[optuna.trial.FrozenTrial], base: int, seeds: int) -> None:
+    """Every configuration's next seed not yet run (of `seeds` from `base`), in configuration order."""
+    runs: dict[int, tuple[dict[str, Any], set[int]]] = {}
+    for t in frozen:
+        configuration = t.user_attrs.get("configuration")
+        if configuration is not None:
+            runs.setdefault(configuration, (t.params, set()))[1].add(t.user_attrs["seed"])
+    # Only the configurations that ran fewest seeds: a study rebuilt from a record (which keeps no queue)
+    # goes on seed by seed as the one that queued them would.
+    fewest = min((len(ran) for _params, ran in runs.values()), default=0)
+    for configuration in sorted(runs):
+        params, ran = runs[configuration]
+        missing = [seed for seed in range(base, base + seeds) if seed not in ran]
+        if missing and len(ran) == fewest:
+            study.enqueue_trial(params, user_attrs={"configuration": configuration, "seed": missing[0]},
+                                skip_if_exists=False)
+
+
+def _queue_next_point(study: optuna.Study, frozen: list[optuna.trial.FrozenTrial],
+                      grid: list[dict[str, Any]] | None) -> None:
+    """A grid's next point not yet run: its first seed, as a new configuration."""
+    seen = [t.params for t in frozen if "configuration" in t.user_attrs]
+    point = next((point for point in grid or [] if point not in seen), None)
+    if point is not None:
+        study.enqueue_trial(point, skip_if_exists=False)
+
+
+def _requeue_interrupted(study: optuna.Study) -> None:
+    """Trials that were running when the last process stopped fail, and run again from the start."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={"configuration": t.user_attrs["configuration"],
+                                                  "seed": t.user_attrs["seed"]}, skip_if_exists=False)
 
 
 def _runs(frozen: list[optuna.trial.FrozenTrial]) -> dict[tuple[int, int], int]:
