@@ -100,6 +100,30 @@ def fake_node(name: str) -> dict[str, Any]:
             "status": {"capacity": capacity, "allocatable": capacity}}
 
 
+def start_kwok(plane: Any, session: Any, nodes: int, work: Path) -> subprocess.Popen:
+    """kwok managing `nodes` fake nodes, each created and untainted as the node-lifecycle controller would."""
+    log = open(work / "kwok.log", "wb")  # noqa: SIM115 (the process keeps it)
+    binary = kwok_binary()
+    kwok = subprocess.Popen([str(binary), f"--kubeconfig={plane.admin_kubeconfig}",
+                             f"--config={binary.parent / 'stages-fast.yaml'}",
+                             "--manage-all-nodes=false",
+                             "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                             "--cidr=10.244.0.0/16", "--node-ip=10.244.0.1"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    admin = session.admin
+    for i in range(nodes):
+        admin.call("POST", admin.url("nodes", None), body=fake_node(f"kwok-node-{i}"))
+        session.untaint(f"kwok-node-{i}")
+    return kwok
+
+
+def versions() -> dict[str, str]:
+    """What ran, as the build scripts pin it."""
+    pinned = from_tests("bed.common").pinned
+    return {"kubernetes": f"{pinned('build-control-plane', 'K8S_VERSION')} (built from source)",
+            "kwok": pinned("build-kwok", "KWOK_VERSION")}
+
+
 def rss_mb(pid: int) -> dict[str, float]:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
     return {key: round(int(fields[key].split()[0]) / 1024, 1) for key in ("VmRSS", "VmHWM")}
@@ -115,17 +139,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         session = real_cluster.ClusterSession(plane).set_up(node=False)
         control_plane_s = time.perf_counter() - started
         admin = session.admin
-        log = open(work / "kwok.log", "wb")  # noqa: SIM115 (closed below)
-        binary = kwok_binary()
-        kwok = subprocess.Popen([str(binary), f"--kubeconfig={plane.admin_kubeconfig}",
-                                 f"--config={binary.parent / 'stages-fast.yaml'}",
-                                 "--manage-all-nodes=false",
-                                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                                 "--cidr=10.244.0.0/16", "--node-ip=10.244.0.1"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        for i in range(args.nodes):
-            admin.call("POST", admin.url("nodes", None), body=fake_node(f"kwok-node-{i}"))
-            session.untaint(f"kwok-node-{i}")
+        kwok = start_kwok(plane, session, args.nodes, work)
         admin.call("POST", admin.url("namespaces", None), body={"metadata": {
             "name": NS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
         wait(lambda: admin.call("GET", admin.url("serviceaccounts", NS, "default")), 60, "the default ServiceAccount")
@@ -172,7 +186,7 @@ def run(args: Any, work: Path) -> dict[str, Any]:
         pods.stop.set()
         running.stop.set()
         return {
-            "kubernetes": "v1.37.2 (built from source)", "kwok": "v0.8.0",
+            **versions(),
             "jobs": args.jobs, "workers_per_job": args.workers, "pods": args.jobs * per_job, "nodes": args.nodes,
             "operator_api_threads": args.api_threads,
             "control_plane_start_s": round(control_plane_s, 2),

@@ -27,28 +27,23 @@ import secrets
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import yaml
 from tools import file_lock
 
-from .control_plane import ADMIN, ControlPlane
+from .common import CHART, OPERATOR_CRDS, OPERATOR_NAMESPACE, RELEASE, REPO, Body, wait_until
+from .control_plane import ADMIN, BUILD_SCRIPT, ControlPlane
 from .kueue import Kueue
-from .node_agent import NodeAgent, Podman, podman_network, wait_until
+from .node_agent import NodeAgent
+from .podman import Podman, podman_network
+from .prometheus import BedPrometheus
 from .real_cluster import ApiError, Objects, Rest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "kuberl-operator"
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
-OPERATOR_NAMESPACE = "kuberl-system"
-RELEASE = "kuberl-operator"
 BED_LABEL = "kuberl.dev/test-bed"
-
-Body = dict[str, Any]
 
 def ensure_images(force: bool = False) -> dict[str, float]:
     """Build both images with scripts/build-images (a no-op when their inputs are unchanged).
@@ -143,7 +138,108 @@ class ClaimProvisioner:
                                                "uid": meta["uid"]}}})
 
 
-class OneNodeCluster:
+class ChartOperator:
+    """A part of `OneNodeCluster`: the operator as its chart installs it (the CRDs first, then `helm install`
+    without them), scaled, waited for and read from; and what a test waits for of the pods it makes."""
+
+    cluster: BedApi
+    helm_values: dict[str, str]
+    manifests: list[Body]
+    operator_deployment: str
+
+    kubectl: Callable[..., subprocess.CompletedProcess[str]]
+    helm: Callable[..., str]
+
+    def install_chart(self) -> None:
+        """The CRDs applied server-side (as the docs tell users: they are too big for client-side apply) and
+        Established, then `helm install` of the chart without its CRDs: ServiceAccount, RBAC, the operator's
+        Deployment."""
+        self.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+        self.cluster.rest.wait_established(*OPERATOR_CRDS)
+        sets = [a for k, v in self.helm_values.items() for a in ("--set", f"{k}={v}")]
+        self.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+                  "--skip-crds", *sets)
+        self.manifests = [doc for doc in yaml.safe_load_all(self.helm(
+            "get", "manifest", RELEASE, "--namespace", OPERATOR_NAMESPACE)) if doc]
+        self.operator_deployment = next(d for d in self.manifests if d["kind"] == "Deployment")["metadata"]["name"]
+
+    def operator_pods(self) -> list[Body]:
+        deployment = self.cluster.get("deployments", self.operator_deployment, OPERATOR_NAMESPACE)
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        return self.cluster.list("pods", OPERATOR_NAMESPACE, label_selector=selector)
+
+    @property
+    def operator_pod_name(self) -> str:
+        pods = [p for p in self.operator_pods() if not p["metadata"].get("deletionTimestamp")]
+        if not pods:
+            raise AssertionError(f"no operator pod in {OPERATOR_NAMESPACE}")
+        return pods[0]["metadata"]["name"]
+
+    def wait_operator_ready(self, timeout: float = 180) -> None:
+        name = wait_until(lambda: next((p["metadata"]["name"] for p in self.operator_pods()
+                                        if not p["metadata"].get("deletionTimestamp")), None),
+                          60, 0.2, "the Deployment's ReplicaSet to make the operator's pod")
+        self.wait_pod_ready(OPERATOR_NAMESPACE, name, timeout)
+
+    def start_operator(self) -> None:
+        """Scale the operator's Deployment back to its one replica and wait until it is Ready."""
+        self.kubectl("scale", "deployment", self.operator_deployment, "-n", OPERATOR_NAMESPACE, "--replicas=1")
+        self.wait_operator_ready()
+
+    def stop_operator(self) -> None:
+        """Scale the operator's Deployment to zero and wait until its pod is gone."""
+        self.kubectl("scale", "deployment", self.operator_deployment, "-n", OPERATOR_NAMESPACE, "--replicas=0")
+        wait_until(lambda: not self.operator_pods(), 120, 0.2, "the operator's pod gone")
+
+    def operator_logs(self) -> str:
+        return self.kubectl("logs", "-n", OPERATOR_NAMESPACE, f"deployment/{self.operator_deployment}",
+                            check=False).stdout
+
+    # ---- waiting -----------------------------------------------------------------------------------
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.cluster.get("pods", name, namespace)
+
+    def wait_pod_ready(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            pod = self.pod(namespace, name)
+            status = (pod or {}).get("status") or {}
+            if status.get("phase") in ("Failed", "Succeeded"):
+                raise AssertionError(f"pod {namespace}/{name} ended: {json.dumps(status, indent=1)}\n"
+                                     f"{self.kubectl('logs', '-n', namespace, name, check=False).stdout[-3000:]}")
+            conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+            return pod if conditions.get("Ready") == "True" else None
+
+        return wait_until(ready, timeout, 0.2, f"pod {namespace}/{name} Ready")
+
+    def deployment_pods(self, namespace: str, name: str, timeout: float = 60) -> list[str]:
+        """The names of a Deployment's pods, once its ReplicaSet made all its replicas."""
+        deployment = self.cluster.wait_for("deployments", name, namespace=namespace, timeout=timeout)
+        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+        replicas = int(deployment["spec"].get("replicas", 1))
+
+        def made() -> list[str] | None:
+            pods = [p["metadata"]["name"] for p in self.cluster.list("pods", namespace, label_selector=selector)
+                    if not p["metadata"].get("deletionTimestamp")]
+            return pods if len(pods) >= replicas else None
+
+        return wait_until(made, timeout, 0.2, f"deployment {namespace}/{name}'s {replicas} pod(s)")
+
+    def wait_complete(self, namespace: str, job: str, timeout: int) -> None:
+        """`kubectl wait --for=condition=Complete`; on failure, fail the test with what a user would look at."""
+        import pytest
+
+        result = self.kubectl("wait", "-n", namespace, f"rltj/{job}", "--for=condition=Complete",
+                              f"--timeout={timeout}s", check=False, timeout=timeout + 30)
+        if result.returncode != 0:
+            status = (self.cluster.get("rltj", job, namespace) or {}).get("status")
+            pods = self.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+            logs = self.kubectl("logs", "-n", namespace, f"{job}-learner", "--tail=60", check=False)
+            pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
+                        f"learner log:\n{logs.stdout}{logs.stderr}\noperator log:\n{self.operator_logs()[-4000:]}")
+
+
+class OneNodeCluster(ChartOperator, BedPrometheus):
     """The bed: see the module docstring. Use as a context manager. `operator=False`: no CRD, no chart,
     no operator (a cluster and its node only). `kueue=True`: Kueue's controller and webhooks
     (`kueue.Kueue`), managing the bed's namespaces."""
@@ -250,101 +346,6 @@ class OneNodeCluster:
             raise RuntimeError(f"helm {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
 
-    # ---- the chart ---------------------------------------------------------------------------------
-
-    def install_chart(self) -> None:
-        """The CRD applied server-side (as the docs tell users: it is too big for client-side apply),
-        then `helm install` of the chart without its CRDs: ServiceAccount, RBAC, the operator's Deployment."""
-        self.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
-        wait_until(lambda: self._established("rltrainingjobs.kuberl.dev"), 60, 0.1, "the CRD Established")
-        sets = [a for k, v in self.helm_values.items() for a in ("--set", f"{k}={v}")]
-        self.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-                  "--skip-crds", *sets)
-        self.manifests = [doc for doc in yaml.safe_load_all(self.helm(
-            "get", "manifest", RELEASE, "--namespace", OPERATOR_NAMESPACE)) if doc]
-        self.operator_deployment = next(d for d in self.manifests if d["kind"] == "Deployment")["metadata"]["name"]
-
-    def _established(self, crd: str) -> bool:
-        found = self.cluster.rest.call(
-            "GET", self.plane.server + f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") or {}
-        conditions = {c["type"]: c["status"] for c in (found.get("status") or {}).get("conditions") or []}
-        return conditions.get("Established") == "True"
-
-    def operator_pods(self) -> list[Body]:
-        deployment = self.cluster.get("deployments", self.operator_deployment, OPERATOR_NAMESPACE)
-        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-        return self.cluster.list("pods", OPERATOR_NAMESPACE, label_selector=selector)
-
-    @property
-    def operator_pod_name(self) -> str:
-        pods = [p for p in self.operator_pods() if not p["metadata"].get("deletionTimestamp")]
-        if not pods:
-            raise AssertionError(f"no operator pod in {OPERATOR_NAMESPACE}")
-        return pods[0]["metadata"]["name"]
-
-    def wait_operator_ready(self, timeout: float = 180) -> None:
-        name = wait_until(lambda: next((p["metadata"]["name"] for p in self.operator_pods()
-                                        if not p["metadata"].get("deletionTimestamp")), None),
-                          60, 0.2, "the Deployment's ReplicaSet to make the operator's pod")
-        self.wait_pod_ready(OPERATOR_NAMESPACE, name, timeout)
-
-    def start_operator(self) -> None:
-        """Scale the operator's Deployment back to its one replica and wait until it is Ready."""
-        self.kubectl("scale", "deployment", self.operator_deployment, "-n", OPERATOR_NAMESPACE, "--replicas=1")
-        self.wait_operator_ready()
-
-    def stop_operator(self) -> None:
-        """Scale the operator's Deployment to zero and wait until its pod is gone."""
-        self.kubectl("scale", "deployment", self.operator_deployment, "-n", OPERATOR_NAMESPACE, "--replicas=0")
-        wait_until(lambda: not self.operator_pods(), 120, 0.2, "the operator's pod gone")
-
-    def operator_logs(self) -> str:
-        return self.kubectl("logs", "-n", OPERATOR_NAMESPACE, f"deployment/{self.operator_deployment}",
-                            check=False).stdout
-
-    # ---- waiting -----------------------------------------------------------------------------------
-
-    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.cluster.get("pods", name, namespace)
-
-    def wait_pod_ready(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        def ready() -> dict[str, Any] | None:
-            pod = self.pod(namespace, name)
-            status = (pod or {}).get("status") or {}
-            if status.get("phase") in ("Failed", "Succeeded"):
-                raise AssertionError(f"pod {namespace}/{name} ended: {json.dumps(status, indent=1)}\n"
-                                     f"{self.kubectl('logs', '-n', namespace, name, check=False).stdout[-3000:]}")
-            conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
-            return pod if conditions.get("Ready") == "True" else None
-
-        return wait_until(ready, timeout, 0.2, f"pod {namespace}/{name} Ready")
-
-    def deployment_pods(self, namespace: str, name: str, timeout: float = 60) -> list[str]:
-        """The names of a Deployment's pods, once its ReplicaSet made all its replicas."""
-        deployment = self.cluster.wait_for("deployments", name, namespace=namespace, timeout=timeout)
-        selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-        replicas = int(deployment["spec"].get("replicas", 1))
-
-        def made() -> list[str] | None:
-            pods = [p["metadata"]["name"] for p in self.cluster.list("pods", namespace, label_selector=selector)
-                    if not p["metadata"].get("deletionTimestamp")]
-            return pods if len(pods) >= replicas else None
-
-        return wait_until(made, timeout, 0.2, f"deployment {namespace}/{name}'s {replicas} pod(s)")
-
-    def wait_complete(self, namespace: str, job: str, timeout: int) -> None:
-        """`kubectl wait --for=condition=Complete`; on failure, fail the test with what a user would look at."""
-        import pytest
-
-        result = self.kubectl("wait", "-n", namespace, f"rltj/{job}", "--for=condition=Complete",
-                              f"--timeout={timeout}s", check=False, timeout=timeout + 30)
-        if result.returncode != 0:
-            status = (self.cluster.get("rltj", job, namespace) or {}).get("status")
-            pods = self.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
-            logs = self.kubectl("logs", "-n", namespace, f"{job}-learner", "--tail=60", check=False)
-            pytest.fail(f"{job} did not complete: {result.stderr}\nstatus: {json.dumps(status, indent=1)}\n{pods}\n"
-                        f"learner log:\n{logs.stdout}{logs.stderr}\noperator log:\n{self.operator_logs()[-4000:]}")
-
     def bed_containers(self, running_only: bool = True) -> list[str]:
         """Names of this bed's pod containers (the gateway holder excluded)."""
         args = ["ps", "--format", "{{.Names}}", "--filter", f"label={BED_LABEL}={self.id}"]
@@ -352,152 +353,6 @@ class OneNodeCluster:
             args.append("--all")
         names = self.podman(*args).stdout.split()
         return [n for n in names if n != self.anchor]
-
-    # ---- Prometheus, configured as a cluster's Prometheus that discovers pods by annotation --------
-
-    def _start_prometheus(self) -> None:
-        from tools import prometheus_binary
-
-        port = _free_port(self.gateway)
-        sd_port = self._serve_pod_targets()
-        config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{
-                # Prometheus's own example for annotation-driven pod discovery
-                # (documentation/examples/prometheus-kubernetes.yml, job "kubernetes-pods").
-                "job_name": "kubernetes-pods",
-                # Debian builds Prometheus without kubernetes_sd_configs: the bed serves the same
-                # targets with the same __meta_kubernetes_pod_* labels over HTTP SD (see pod_targets).
-                "http_sd_configs": [{"url": f"http://127.0.0.1:{sd_port}/targets", "refresh_interval": "1s"}],
-                "relabel_configs": [
-                    {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
-                     "action": "keep", "regex": "true"},
-                    {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
-                     "action": "replace", "target_label": "__metrics_path__", "regex": "(.+)"},
-                    {"source_labels": ["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
-                     "action": "replace", "regex": r"([^:]+)(?::\d+)?;(\d+)", "replacement": "$1:$2",
-                     "target_label": "__address__"},
-                    {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "action": "replace",
-                     "target_label": "kubernetes_pod_name"},
-                ],
-            }],
-        }
-        path = self.workdir / "prometheus.yml"
-        path.write_text(yaml.safe_dump(config))
-        log = open(self.workdir / "prometheus.log", "wb")  # noqa: SIM115 (closed by the stack)
-        self._stack.callback(log.close)
-        proc = subprocess.Popen(
-            [str(prometheus_binary()), f"--config.file={path}", f"--storage.tsdb.path={self.workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._stack.callback(_stop_process, proc)
-        self.prometheus_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _http_ok(f"{self.prometheus_url}/-/ready"), 30, 0.2, "Prometheus ready")
-
-    def _serve_pod_targets(self) -> int:
-        import http.server
-        import threading
-
-        bed = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = json.dumps(pod_targets(bed.cluster.list("pods", all_namespaces=True))).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        self._stack.callback(server.server_close)
-        self._stack.callback(server.shutdown)
-        return server.server_address[1]
-
-    def prometheus_query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
-        params = {"query": expr}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = json.loads(response.read())
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-
-def _label_name(text: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in text)
-
-
-def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Prometheus's `kubernetes_sd_configs` role `pod`, as HTTP SD: a target per container port
-    (`podIP:port`), or one per pod without ports, with the `__meta_kubernetes_pod_*` labels."""
-    groups = []
-    for pod in pods:
-        meta, status = pod["metadata"], pod.get("status") or {}
-        ip = status.get("podIP")
-        if not ip:
-            continue
-        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
-        labels = {
-            "__meta_kubernetes_namespace": meta["namespace"],
-            "__meta_kubernetes_pod_name": meta["name"],
-            "__meta_kubernetes_pod_ip": ip,
-            "__meta_kubernetes_pod_uid": meta.get("uid", ""),
-            "__meta_kubernetes_pod_node_name": (pod.get("spec") or {}).get("nodeName", ""),
-            "__meta_kubernetes_pod_phase": status.get("phase", ""),
-            "__meta_kubernetes_pod_ready": conditions.get("Ready", "unknown").lower(),
-        }
-        for key, value in (meta.get("labels") or {}).items():
-            labels[f"__meta_kubernetes_pod_label_{_label_name(key)}"] = value
-            labels[f"__meta_kubernetes_pod_labelpresent_{_label_name(key)}"] = "true"
-        for key, value in (meta.get("annotations") or {}).items():
-            labels[f"__meta_kubernetes_pod_annotation_{_label_name(key)}"] = value
-            labels[f"__meta_kubernetes_pod_annotationpresent_{_label_name(key)}"] = "true"
-        targets = []
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            for port in container.get("ports") or []:
-                targets.append((f"{ip}:{port['containerPort']}", {
-                    "__meta_kubernetes_pod_container_name": container["name"],
-                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
-                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
-                    "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP")}))
-        if not targets:
-            targets.append((ip, {}))
-        for address, extra in targets:
-            groups.append({"targets": [address], "labels": {**labels, **extra}})
-    return groups
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def _stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def require_podman_and_images() -> None:
@@ -530,8 +385,6 @@ def podman_ready() -> str | None:
     """Why the bed cannot run here, or None when it can."""
     if not Podman.available():
         return "podman and runc are not installed (./scripts/test installs them with apt-get)"
-    from .control_plane import BUILD_SCRIPT
-
     if subprocess.run([str(BUILD_SCRIPT), "--print-bin"], capture_output=True, check=False).returncode != 0 \
             and not os.environ.get("KUBERL_CONTROL_PLANE_BIN"):
         return "the control plane is not built: run ./scripts/build-control-plane"

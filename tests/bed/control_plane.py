@@ -25,15 +25,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,10 +38,10 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from .common import NODE, REPO, free_port, self_signed_certificate, start_process, stop_process, wait_until
+
 BUILD_SCRIPT = REPO / "scripts" / "build-control-plane"
 
-NODE = "kuberl-node"
 ADMIN = "admin"
 #: The users whose requests the audit log leaves out: the control plane's own components talk a lot
 #: and are not what any test asks about.
@@ -67,12 +63,6 @@ def bin_dir() -> Path:
     return Path(found.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _kubeconfig(server: str, ca: Path, token: str, namespace: str = "default", user: str = "user") -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Config", "current-context": "test",
@@ -83,17 +73,88 @@ def _kubeconfig(server: str, ca: Path, token: str, namespace: str = "default", u
     }
 
 
-#: prctl(2)'s option: the signal a child gets when its parent thread exits.
-PR_SET_PDEATHSIG = 1
+def token_file(tokens: Mapping[str, str]) -> str:
+    """The static token file: each identity of the module docstring, with its groups."""
+    return "\n".join([
+        f"{tokens[ADMIN]},admin,admin,system:masters",
+        f"{tokens['controller-manager']},system:kube-controller-manager,kcm",
+        f"{tokens['scheduler']},system:kube-scheduler,scheduler",
+        f'{tokens["node"]},system:node:{NODE},node,"system:nodes"',
+    ]) + "\n"
 
 
-def die_with_parent() -> None:
-    """In a child between fork and exec: the kernel kills it when the test process dies, however it dies (a
-    SIGKILL, CI's timeout), so no etcd or API server outlives its session holding ports and data. Linux
-    only; elsewhere the child lives on until `stop()`, as before."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def admission_configuration() -> dict[str, Any]:
+    """Every namespace is `restricted` unless labelled otherwise: what a careful platform team sets."""
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": "PodSecurity", "configuration": {
+            "apiVersion": "pod-security.admission.config.k8s.io/v1", "kind": "PodSecurityConfiguration",
+            "defaults": {"enforce": "restricted", "enforce-version": "latest",
+                         "audit": "restricted", "audit-version": "latest",
+                         "warn": "restricted", "warn-version": "latest"},
+            "exemptions": {"usernames": [], "runtimeClasses": [], "namespaces": ["kube-system"]}}}],
+    }
+
+
+def audit_policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+        # (ResponseStarted is kept: a watch that is still open has no ResponseComplete yet.)
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {"level": "None", "users": list(COMPONENT_USERS)},
+            {"level": "None", "userGroups": list(COMPONENT_GROUPS)},
+            # Every version of a job its writers made, whole: what a test reads a job's history from.
+            {"level": "RequestResponse", "verbs": ["create", "update", "patch", "delete"],
+             "resources": [{"group": "kuberl.dev", "resources": ["rltrainingjobs", "rltrainingjobs/status"]}]},
+            {"level": "Metadata"},
+        ],
+    }
+
+
+def etcd_flags(data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    return [
+        f"--data-dir={data_dir}", "--name=default", "--log-level=error",
+        f"--listen-client-urls=http://127.0.0.1:{client_port}",
+        f"--advertise-client-urls=http://127.0.0.1:{client_port}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+        # A test cluster's data is thrown away: no fsync (etcd >= 3.5).
+        "--unsafe-no-fsync=true",
+    ]
+
+
+def apiserver_flags(plane: ControlPlane, etcd_client_port: int) -> list[str]:
+    """kube-apiserver's flags for `plane`: its files (`ControlPlane._write_config`), address and port."""
+    work, pki = plane.work, plane.work / "pki"
+    # No --kubelet-certificate-authority: the server then dials a node's kubelet port over TLS
+    # without verifying its certificate (k8s.io/kubernetes pkg/kubelet/client, transportConfig),
+    # so a test kubelet serves logs with a self-signed one.
+    kubelet = ([f"--kubelet-preferred-address-types={','.join(plane.kubelet_address_types)}"]
+               if plane.kubelet_address_types else [])
+    return [
+        f"--etcd-servers=http://127.0.0.1:{etcd_client_port}",
+        f"--bind-address={plane.address}", f"--secure-port={plane.port}", f"--advertise-address={plane.address}",
+        f"--tls-cert-file={plane.ca}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--token-auth-file={work / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        # The `kubernetes` Service would point at 127.0.0.1, which the server refuses to publish:
+        # nothing in a pod talks to the API server through it here (the operator runs beside it).
+        "--endpoint-reconciler-type=none",
+        # Privileged pods are allowed by the server, as on most clusters: Pod Security is what refuses them.
+        "--allow-privileged=true",
+        # OwnerReferencesPermissionEnforcement: a child with blockOwnerDeletion needs update on its
+        # owner's finalizers, as on clusters that enable it (OpenShift does by default).
+        "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
+        f"--admission-control-config-file={work / 'admission.yaml'}",
+        f"--audit-policy-file={work / 'audit-policy.yaml'}",
+        f"--audit-log-path={plane.audit_log}", "--audit-log-mode=blocking", "--audit-log-maxsize=0",
+        "--profiling=false", "--v=1", *kubelet,
+    ]
 
 
 class ControlPlane:
@@ -124,47 +185,15 @@ class ControlPlane:
         subprocess.run(["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"], check=True, capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub")],
                        check=True, capture_output=True)
-        self._serving_cert(pki)
-        (self.work / "tokens.csv").write_text("\n".join([
-            f"{self.tokens[ADMIN]},admin,admin,system:masters",
-            f"{self.tokens['controller-manager']},system:kube-controller-manager,kcm",
-            f"{self.tokens['scheduler']},system:kube-scheduler,scheduler",
-            f'{self.tokens["node"]},system:node:{NODE},node,"system:nodes"',
-        ]) + "\n")
-        # Every namespace is `restricted` unless labelled otherwise: what a careful platform team sets.
-        (self.work / "admission.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-            "plugins": [{"name": "PodSecurity", "configuration": {
-                "apiVersion": "pod-security.admission.config.k8s.io/v1", "kind": "PodSecurityConfiguration",
-                "defaults": {"enforce": "restricted", "enforce-version": "latest",
-                             "audit": "restricted", "audit-version": "latest",
-                             "warn": "restricted", "warn-version": "latest"},
-                "exemptions": {"usernames": [], "runtimeClasses": [], "namespaces": ["kube-system"]}}}],
-        }))
-        (self.work / "audit-policy.yaml").write_text(yaml.safe_dump({
-            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-            # (ResponseStarted is kept: a watch that is still open has no ResponseComplete yet.)
-            "omitStages": ["RequestReceived"],
-            "rules": [
-                {"level": "None", "users": list(COMPONENT_USERS)},
-                {"level": "None", "userGroups": list(COMPONENT_GROUPS)},
-                # Every version of a job its writers made, whole: what a test reads a job's history from.
-                {"level": "RequestResponse", "verbs": ["create", "update", "patch", "delete"],
-                 "resources": [{"group": "kuberl.dev", "resources": ["rltrainingjobs", "rltrainingjobs/status"]}]},
-                {"level": "Metadata"},
-            ],
-        }))
-
-    def _serving_cert(self, pki: Path) -> None:
-        """A self-signed serving certificate for 127.0.0.1, localhost and the listening address, which is
-        also the clients' CA."""
-        extra = f",IP:{self.address}" if self.address != "127.0.0.1" else ""
-        subprocess.run([
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-            "-keyout", str(pki / "apiserver.key"), "-out", str(self.ca), "-subj", "/CN=kube-apiserver",
-            "-addext", f"subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc,IP:10.96.0.1{extra}",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-        ], check=True, capture_output=True)
+        # The serving certificate names 127.0.0.1, localhost and the listening address; it is also the
+        # clients' CA.
+        extra = [f"IP:{self.address}"] if self.address != "127.0.0.1" else []
+        self_signed_certificate(pki, "apiserver", "kube-apiserver", ["IP:127.0.0.1", "DNS:localhost",
+                                                                     "DNS:kubernetes.default.svc", "IP:10.96.0.1",
+                                                                     *extra])
+        (self.work / "tokens.csv").write_text(token_file(self.tokens))
+        (self.work / "admission.yaml").write_text(yaml.safe_dump(admission_configuration()))
+        (self.work / "audit-policy.yaml").write_text(yaml.safe_dump(audit_policy()))
 
     @property
     def server(self) -> str:
@@ -180,9 +209,7 @@ class ControlPlane:
     # ---- processes --------------------------------------------------------------------------------------
 
     def _spawn(self, name: str, args: Sequence[str]) -> None:
-        log = open(self.work / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
-        self.processes[name] = subprocess.Popen([str(self.bin / name), *args], stdout=log, stderr=subprocess.STDOUT,
-                                                cwd=self.work, start_new_session=True, preexec_fn=die_with_parent)
+        self.processes[name] = start_process([self.bin / name, *args], self.work / f"{name}.log", cwd=self.work)
 
     def _check_alive(self) -> None:
         for name, process in self.processes.items():
@@ -193,45 +220,10 @@ class ControlPlane:
     def start(self, timeout: float = 120) -> ControlPlane:
         self._write_config()
         etcd_client, etcd_peer, self.port = free_port(), free_port(), free_port()
-        self._spawn("etcd", [
-            f"--data-dir={self.work / 'etcd'}", "--name=default", "--log-level=error",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
-            # A test cluster's data is thrown away: no fsync (etcd >= 3.5).
-            "--unsafe-no-fsync=true",
-        ])
+        self._spawn("etcd", etcd_flags(self.work / "etcd", etcd_client, etcd_peer))
+        self._spawn("kube-apiserver", apiserver_flags(self, etcd_client))
+        wait_until(self._ready, timeout, 0.2, f"kube-apiserver ready (see {self.work}/kube-apiserver.log)")
         pki = self.work / "pki"
-        # No --kubelet-certificate-authority: the server then dials a node's kubelet port over TLS
-        # without verifying its certificate (k8s.io/kubernetes pkg/kubelet/client, transportConfig),
-        # so a test kubelet serves logs with a self-signed one.
-        kubelet = ([f"--kubelet-preferred-address-types={','.join(self.kubelet_address_types)}"]
-                   if self.kubelet_address_types else [])
-        self._spawn("kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-            f"--bind-address={self.address}", f"--secure-port={self.port}", f"--advertise-address={self.address}",
-            f"--tls-cert-file={self.ca}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--token-auth-file={self.work / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            # The `kubernetes` Service would point at 127.0.0.1, which the server refuses to publish:
-            # nothing in a pod talks to the API server through it here (the operator runs beside it).
-            "--endpoint-reconciler-type=none",
-            # Privileged pods are allowed by the server, as on most clusters: Pod Security is what refuses them.
-            "--allow-privileged=true",
-            # OwnerReferencesPermissionEnforcement: a child with blockOwnerDeletion needs update on its
-            # owner's finalizers, as on clusters that enable it (OpenShift does by default).
-            "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
-            f"--admission-control-config-file={self.work / 'admission.yaml'}",
-            f"--audit-policy-file={self.work / 'audit-policy.yaml'}",
-            f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking", "--audit-log-maxsize=0",
-            "--profiling=false", "--v=1", *kubelet,
-        ])
-        self._wait_ready(timeout)
         for name, token in (("kube-controller-manager", "controller-manager"), ("kube-scheduler", "scheduler")):
             kubeconfig = self.kubeconfig(name, self.tokens[token])
             extra = []
@@ -244,34 +236,23 @@ class ControlPlane:
                                "--v=1", *extra])
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
-        context = ssl.create_default_context(cafile=str(self.ca))
+    def _ready(self) -> bool:
+        """/readyz answers 200; a process that exited raises with its log's tail."""
+        self._check_alive()
         request = urllib.request.Request(f"{self.server}/readyz",
                                          headers={"Authorization": f"Bearer {self.tokens[ADMIN]}"})
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_alive()
-            try:
-                with urllib.request.urlopen(request, context=context, timeout=5) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"kube-apiserver not ready in {timeout} s; see {self.work}/kube-apiserver.log")
-            time.sleep(0.2)
+        try:
+            with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(self.ca)),
+                                        timeout=5) as answer:
+                return answer.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
 
     def stop(self) -> None:
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             process = self.processes.get(name)
-            if process is None or process.poll() is not None:
-                continue
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            if process is not None:
+                stop_process(process, 15)
         shutil.rmtree(self.work / "etcd", ignore_errors=True)
 
     # ---- clients ------------------------------------------------------------------------------------------

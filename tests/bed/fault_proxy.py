@@ -27,7 +27,8 @@ import aiohttp
 import yaml
 from aiohttp import web
 
-from .control_plane import ControlPlane, free_port
+from .common import free_port
+from .control_plane import ControlPlane
 
 #: Headers that belong to one connection, never forwarded (RFC 9110, 7.6.1), and the body's framing,
 #: which each side of the proxy sets for itself.

@@ -17,11 +17,9 @@ from typing import Any
 import yaml
 from tools import yaml_documents
 
+from .common import Body, stop_process
 from .control_plane import ControlPlane
-from .node_agent import wait_until
 from .real_cluster import Objects
-
-Body = dict[str, Any]
 
 
 def built_binary(build_script: Path) -> Path | None:
@@ -64,13 +62,7 @@ class HostController:
     def end_process(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
         self.process = None
 
     def bind_service_account(self, namespace: str, account: str, role_name: str, *extra: Body) -> Path:
@@ -96,15 +88,7 @@ class HostController:
     def apply_crds(self, crds: list[Body]) -> None:
         """Server-side (they are too big for a client-side apply's annotation), then each Established."""
         self.plane.apply(crds, timeout=120)
-        for crd in crds:
-            name = crd["metadata"]["name"]
-            wait_until(lambda name=name: self._established(name), 60, 0.1, f"the CRD {name} Established")
-
-    def _established(self, crd: str) -> bool:
-        found = self.admin.rest.call(
-            "GET", self.plane.server + f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}") or {}
-        return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (found.get("status") or {}).get("conditions") or [])
+        self.admin.rest.wait_established(*(crd["metadata"]["name"] for crd in crds))
 
     def ready(self) -> bool:
         """Its /readyz answers 200; a process that exited raises with its log's tail."""

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import datetime
 import random
 from collections.abc import Mapping
 from typing import Any
 
-Body = dict[str, Any]
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+from .common import Body, utc_now
 
 
 def kubelet_pod_status(
@@ -31,7 +26,7 @@ def kubelet_pod_status(
     with exit_code (default 0 / 1) and reason (default Completed / Error). Pending: containers
     waiting with reason (default ContainerCreating). restart_count defaults to the current count.
     """
-    now = _now()
+    now = utc_now()
     old_status = pod.get("status") or {}
     old_containers = {status["name"]: status for status in old_status.get("containerStatuses") or []}
     is_ready = False

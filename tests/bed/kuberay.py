@@ -16,18 +16,16 @@ No webhooks: the release serves them only with its webhook overlay, off by defau
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from .control_plane import REPO, ControlPlane, die_with_parent, free_port
+from .common import REPO, free_port, pinned, start_process, wait_until
+from .control_plane import ControlPlane
 from .host_controller import HostController, built_binary
-from .node_agent import wait_until
 from .real_cluster import Objects
 
 BUILD_SCRIPT = REPO / "scripts" / "build-kuberay"
-#: The version scripts/build-kuberay pins.
-VERSION = "v1.5.0"
+VERSION = pinned("build-kuberay", "KUBERAY_VERSION")
 NAMESPACE = "kuberay-system"
 SERVICE_ACCOUNT = "kuberay-operator"
 #: The name the release's Helm chart gives its ClusterRole.
@@ -68,14 +66,11 @@ class KubeRay(HostController):
         self.health_port, self.metrics_port = free_port(), free_port()
         self.kubeconfig = self.bind_service_account(NAMESPACE, SERVICE_ACCOUNT, MANAGER_ROLE)
         self.apply_crds(self.release_crds())
-        log = open(self.log, "wb")  # noqa: SIM115 (the process keeps it)
-        self.process = subprocess.Popen(
-            [str(self.bin), "--enable-leader-election=false", "--use-kubernetes-proxy",
+        self.process = start_process(
+            [self.bin, "--enable-leader-election=false", "--use-kubernetes-proxy",
              f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
              f"--metrics-addr=127.0.0.1:{self.metrics_port}", "--log-stdout-encoder=console"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True, preexec_fn=die_with_parent,
-            env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)})
-        log.close()
+            self.log, cwd=self.work, env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)})
         wait_until(self.ready, timeout, 0.2, f"KubeRay ready (/readyz; its log: {self.log})")
 
     def usage(self) -> dict[str, float]:

@@ -21,21 +21,18 @@ import base64
 import copy
 import os
 import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from .control_plane import REPO, ControlPlane, die_with_parent, free_port
+from .common import REPO, Body, free_port, pinned, self_signed_certificate, start_process, wait_until
+from .control_plane import ControlPlane
 from .host_controller import HostController, built_binary
-from .node_agent import wait_until
 from .real_cluster import ApiError, Objects
 
 BUILD_SCRIPT = REPO / "scripts" / "build-kueue"
-#: The version scripts/build-kueue pins (docs/testing.md names it).
-VERSION = "v0.17.0"
+VERSION = pinned("build-kueue", "KUEUE_VERSION")
 NAMESPACE = "kueue-system"
 SERVICE_ACCOUNT = "kueue-controller-manager"
 #: Names as Kueue's release manifests give them (kustomize adds the `kueue-` prefix).
@@ -44,8 +41,6 @@ WEBHOOK_NAMES = {"MutatingWebhookConfiguration": "kueue-mutating-webhook-configu
                  "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration"}
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_LABEL = "kueue.x-k8s.io/managed"
-
-Body = dict[str, Any]
 
 
 def kueue_bin() -> Path | None:
@@ -57,6 +52,18 @@ def managed_namespaces_selector(namespaces: Sequence[str]) -> Body:
     """The one selector of the namespaces Kueue manages: its Configuration's and every webhook's."""
     return {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
                                   "values": sorted(namespaces)}]}
+
+
+def webhook_probe_pod(namespace: str) -> Body:
+    """A pod of a LocalQueue, valid under Pod Security `restricted`, that Kueue's pod webhook marks managed."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "kueue-webhook-probe", "namespace": namespace,
+                         "labels": {QUEUE_NAME_LABEL: "kueue-webhook-probe"}},
+            "spec": {"containers": [{"name": "probe", "image": "kueue-webhook-probe",
+                                     "securityContext": {"allowPrivilegeEscalation": False,
+                                                         "capabilities": {"drop": ["ALL"]}}}],
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                         "seccompProfile": {"type": "RuntimeDefault"}}}}
 
 
 class Kueue(HostController):
@@ -104,13 +111,8 @@ class Kueue(HostController):
     def _certificate(self) -> None:
         """A self-signed serving certificate for 127.0.0.1, the CA of the webhook configurations."""
         self.certs = self.work / "certs"
-        self.certs.mkdir(exist_ok=True)
-        subprocess.run([
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-            "-keyout", str(self.certs / "tls.key"), "-out", str(self.certs / "tls.crt"), "-subj", "/CN=kueue-webhook",
-            "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE",
-        ], check=True, capture_output=True)
-        self.ca_bundle = base64.b64encode((self.certs / "tls.crt").read_bytes()).decode()
+        cert, _ = self_signed_certificate(self.certs, "tls", "kueue-webhook", ["IP:127.0.0.1"])
+        self.ca_bundle = base64.b64encode(cert.read_bytes()).decode()
 
     def _service_account(self) -> None:
         """Kueue's ServiceAccount bound to the release's roles, and a kubeconfig with its token."""
@@ -173,14 +175,10 @@ class Kueue(HostController):
         scratch.mkdir()
         shutil.copytree(self.certs, upper / "kueue" / "metrics" / "certs")
         script = ('mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc && shift 2 && exec "$@"')
-        log = open(self.log, "wb")  # noqa: SIM115 (the process keeps it)
-        self.process = subprocess.Popen(
+        self.process = start_process(
             ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private",
-             "sh", "-c", script, "kueue", str(upper), str(scratch),
-             str(self.bin), f"--config={config}", "--zap-log-level=info"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True, preexec_fn=die_with_parent,
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
-        log.close()
+             "sh", "-c", script, "kueue", upper, scratch, self.bin, f"--config={config}", "--zap-log-level=info"],
+            self.log, cwd=self.work, env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
 
     def _webhook_configurations(self) -> list[Body]:
         """The release's two configurations, each webhook called at this process's URL, for the managed
@@ -201,16 +199,8 @@ class Kueue(HostController):
         """Whether a server-side dry run of a queued pod comes back as Kueue's pod webhook marks it: the
         API server's answer, not the process's, tells whether it calls the webhook."""
         namespace = self.namespaces[0]
-        probe = {"apiVersion": "v1", "kind": "Pod",
-                 "metadata": {"name": "kueue-webhook-probe", "namespace": namespace,
-                              "labels": {QUEUE_NAME_LABEL: "kueue-webhook-probe"}},
-                 "spec": {"containers": [{"name": "probe", "image": "kueue-webhook-probe",
-                                          "securityContext": {"allowPrivilegeEscalation": False,
-                                                              "capabilities": {"drop": ["ALL"]}}}],
-                          "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                              "seccompProfile": {"type": "RuntimeDefault"}}}}
         try:
-            created = self.admin.create(probe, namespace, dryRun="All")
+            created = self.admin.create(webhook_probe_pod(namespace), namespace, dryRun="All")
         except ApiError as error:
             # A webhook configuration the API server knows of before the process answers it: not yet.
             if error.status == 500 and "failed calling webhook" in str(error):

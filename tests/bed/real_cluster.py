@@ -2,10 +2,10 @@
 The real control plane (`control_plane.ControlPlane`) as the tests use it: one per test session,
 a fresh namespace per test, and the operator's own identity.
 
-- `ClusterSession`: the control plane with the RLTrainingJob CRD installed from `crds/` (server-side
-  apply, as the docs tell users), the chart's ServiceAccount and RBAC rendered by `helm template` and
-  applied, a kubeconfig holding a TokenRequest token of that ServiceAccount for the operator, and a
-  registered Node whose kubelet the tests play (`NodeKubelet`).
+- `ClusterSession`: the control plane with the operator's CRDs (RLTrainingJob, RLSweep) installed from
+  `crds/` (server-side apply, as the docs tell users), the chart's ServiceAccount and RBAC rendered by
+  `helm template` and applied, a kubeconfig holding a TokenRequest token of that ServiceAccount for the
+  operator, and a registered Node whose kubelet the tests play (`NodeKubelet`).
 - `ClusterNamespace`: what a test holds: a namespace of its own (Pod Security `restricted`), REST
   helpers as a person with kubectl would use them (the admin identity), `set_pod_phase` as the node,
   `requests()` and `history()` read from the API server's audit log.
@@ -31,13 +31,10 @@ from typing import Any
 import requests
 import yaml
 
-from .control_plane import ADMIN, NODE, REPO, ControlPlane, running_control_plane
+from .common import CHART, NODE, OPERATOR_CRDS, OPERATOR_NAMESPACE, RELEASE, REPO, Body, wait_until
+from .control_plane import ADMIN, ControlPlane, running_control_plane
+from .kubelet_api import Api, register_node
 from .kubelet_status import kubelet_pod_status
-
-Body = dict[str, Any]
-
-CHART = REPO / "charts" / "kuberl-operator"
-RELEASE, OPERATOR_NAMESPACE = "kuberl", "kuberl-system"
 
 # resource -> (API prefix, namespaced): what the tests, the beds and the benchmarks read and write.
 RESOURCES: dict[str, tuple[str, bool]] = {
@@ -102,6 +99,17 @@ class Rest:
         prefix, namespaced = RESOURCES[resource]
         path = prefix + (f"/namespaces/{namespace}" if namespaced and namespace else "") + f"/{resource}"
         return self.server + path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+    def crd_established(self, name: str) -> bool:
+        found = self.call("GET", f"{self.server}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+        conditions = {c["type"]: c["status"] for c in (found.get("status") or {}).get("conditions") or []}
+        return conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True"
+
+    def wait_established(self, *names: str, timeout: float = 60) -> None:
+        """Each CRD Established, its names accepted: what a client waits for after applying a CRD before it
+        uses the new resource."""
+        for name in names:
+            wait_until(lambda name=name: self.crd_established(name), timeout, 0.1, f"the CRD {name} Established")
 
     def call(self, method: str, url: str, *, body: Any = None, params: Mapping[str, str] | None = None,
              content_type: str = "application/json") -> Body | None:
@@ -187,20 +195,14 @@ class NodeKubelet:
 
     def __init__(self, plane: ControlPlane):
         self.rest = Rest(plane, plane.tokens["node"])
+        self.token, self.ca = plane.tokens["node"], plane.ca
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-kubelet", daemon=True)
         self.errors: list[BaseException] = []
 
     def register(self) -> None:
-        capacity = {"cpu": "64", "memory": "256Gi", "pods": "250", "ephemeral-storage": "1Ti"}
-        self.rest.call("POST", self.rest.url("nodes", None), body={
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux"}}})
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.rest.call("PATCH", self.rest.url("nodes", None, NODE, "status"), content_type=PATCH_TYPES["merge"],
-                       body={"status": {"capacity": capacity, "allocatable": capacity, "conditions": [
-                           {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+        """The Node, registered as itself and Ready (`kubelet_api.register_node`); then the final deletes."""
+        register_node(Api(self.rest.server, self.token, self.ca), NODE, "test node")
         self._thread.start()
 
     def _run(self) -> None:
@@ -264,9 +266,8 @@ class ClusterSession:
     def set_up(self, *, node: bool = True) -> ClusterSession:
         """`node=False`: no node of the tests' own (a benchmark brings its kwok nodes)."""
         # Both kinds, as the chart installs them: the operator watches sweeps wherever their CRD exists.
-        for crd, name in (("rltrainingjob.yaml", "rltrainingjobs"), ("rlsweep.yaml", "rlsweeps")):
-            self.plane.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / crd))
-            self.wait_established(f"{name}.kuberl.dev")
+        self.plane.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        self.admin.wait_established(*OPERATOR_CRDS)
         self.admin.call("POST", self.admin.url("namespaces", None), body={"metadata": {"name": OPERATOR_NAMESPACE}})
         rendered = self.chart_rbac()
         self.plane.apply(rendered)
@@ -294,18 +295,6 @@ class ClusterSession:
              "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml", *values],
             capture_output=True, text=True, check=True)
         return done.stdout
-
-    def wait_established(self, crd: str, timeout: float = 60) -> None:
-        url = self.plane.server + f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.admin.call("GET", url) or {}
-            conditions = {c["type"]: c["status"] for c in (found.get("status") or {}).get("conditions") or []}
-            if conditions.get("Established") == "True" and conditions.get("NamesAccepted") == "True":
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {crd} not Established in {timeout} s: {conditions}")
-            time.sleep(0.1)
 
     def namespace_name(self, test_name: str) -> str:
         slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")

@@ -20,12 +20,13 @@ import subprocess
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 import yaml
 from bed.cluster_bed import OneNodeCluster, bed_for_tests
-from bed.node_agent import wait_until
+from bed.common import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "ml-jobs"
@@ -144,6 +145,13 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     assert progress["envSteps"] > 0 and progress["episodes"] > 0 and progress["gradientUpdates"] > 0, status
     assert status["evaluation"]["deterministic"]["meanReturn"] == 500, status
     assert status["lastCheckpointTime"], status
+    # From kubectl apply to the learner's first env steps: inside the job's life, and in the wide columns.
+    found = bed.cluster.get("rltj", "cartpole-ppo", NS)
+    life = (datetime.fromisoformat(status["completionTime"].replace("Z", "+00:00"))
+            - datetime.fromisoformat(found["metadata"]["creationTimestamp"].replace("Z", "+00:00"))).total_seconds()
+    assert 0 < status["timeToFirstStepSeconds"] < life, (status, life)
+    wide = bed.kubectl("get", "rltj", "-n", NS, "cartpole-ppo", "-o", "wide").stdout.splitlines()
+    assert "FIRST-STEP" in wide[0].split() and f"{status['timeToFirstStepSeconds']:g}" in wide[1].split(), wide
 
     # kubectl logs of the learner: what it printed in its container.
     logs = bed.kubectl("logs", "-n", NS, "cartpole-ppo-learner").stdout

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 from bed.cluster_bed import bed_for_tests
-from bed.node_agent import wait_until
+from bed.common import wait_until
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from integration.test_operator_integration import cluster, made, start_operator  # noqa: F401 (fixtures)

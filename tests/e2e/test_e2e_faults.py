@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 from bed.cluster_bed import BED_LABEL, OneNodeCluster, bed_for_tests
-from bed.node_agent import wait_until
+from bed.common import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "ml-faults"

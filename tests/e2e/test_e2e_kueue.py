@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from bed.cluster_bed import OneNodeCluster, bed_for_tests
+from bed.common import wait_until
 from bed.kueue import NAMESPACE, SERVICE_ACCOUNT, kueue_bin
-from bed.node_agent import wait_until
 from test_e2e_cluster import example as example_job
 
 REPO = Path(__file__).resolve().parents[2]

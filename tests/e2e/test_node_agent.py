@@ -15,7 +15,8 @@ import time
 
 import pytest
 from bed.cluster_bed import OPERATOR_IMAGE, BedApi, OneNodeCluster, require_podman_and_images
-from bed.node_agent import Podman, wait_until
+from bed.common import wait_until
+from bed.podman import Podman
 
 IMAGE = OPERATOR_IMAGE
 NS = "node-test"
@@ -291,7 +292,7 @@ def test_pods_that_cannot_start_say_why_as_a_kubelet_and_scheduler_do(node):
 
 
 def test_http_sd_targets_carry_the_labels_kubernetes_sd_gives_a_pod():
-    from bed.cluster_bed import pod_targets
+    from bed.prometheus import pod_targets
 
     pods = [{"metadata": {"name": "j-learner", "namespace": "ml", "uid": "u1",
                           "labels": {"kuberl.dev/job-name": "j"},

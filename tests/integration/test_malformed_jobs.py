@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bed.node_agent import wait_until
+from bed.common import wait_until
 from bed.real_cluster import ApiError, ClusterNamespace
 from conftest import REPO
 

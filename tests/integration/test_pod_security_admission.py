@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bed.node_agent import wait_until
-from bed.real_cluster import OPERATOR_NAMESPACE, ApiError, Rest
+from bed.common import OPERATOR_NAMESPACE, wait_until
+from bed.real_cluster import ApiError, Rest
 from conftest import REPO
 from tools import helm_binary
 from pod_security_corpus import CONTROLS, Corpus
