@@ -78,7 +78,12 @@ class Watch:
             if line.startswith(("NAME ", f"{self.name} ")):
                 self.lines.append(line.rstrip("\n"))
 
-    def stop(self) -> list[str]:
+    def stop(self, last_phase: str | None = None) -> list[str]:
+        """The rows so far; with `last_phase`, once a row in that phase came. A watch's event may arrive after a
+        read of the job that already shows it: stopping at once could miss the row."""
+        if last_phase is not None:
+            wait_until(lambda: any(row.split()[1:2] == [last_phase] for row in self.lines[1:]), timeout=60,
+                       what=f"`kubectl get rltj -w` to print {self.name} {last_phase}")
         self.proc.terminate()
         self.proc.wait(10)
         self.thread.join(10)
@@ -127,7 +132,7 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     started = time.time()
     apply(bed, job)
     wait_complete(bed, "cartpole-ppo", 600)
-    rows = watch.stop()
+    rows = watch.stop("Succeeded")
 
     # kubectl get rltj: the columns fill in while it trains, and end Succeeded with the final figures.
     header, *states = [r.split() for r in rows]
@@ -263,7 +268,7 @@ def test_a_job_with_four_rollout_workers(bed):
     watch = Watch(bed, "cartpole-four")
     apply(bed, job)
     wait_complete(bed, "cartpole-four", 600)
-    rows = [r.split() for r in watch.stop()]
+    rows = [r.split() for r in watch.stop("Succeeded")]
     assert any(r[1] == "Running" and r[2] == "4/4" for r in rows[1:]), rows
     status = learner_figures(bed, "cartpole-four")
     assert status["workersDesired"] == 4, status

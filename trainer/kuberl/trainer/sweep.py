@@ -13,6 +13,8 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,6 +180,28 @@ def _new_rows(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
 
 
+class _Interrupt:
+    """Ctrl-C (SIGINT) as a flag the sweep's loop reads after each wait. Python's own KeyboardInterrupt can be
+    lost here: Ray's driver checks for signals while it waits, and a SIGINT that lands inside its wait was seen
+    to be taken as the trial's failure, the sweep going on with the rest (under load, in the suite)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, _signum: int, _frame: Any) -> None:
+        self.seen = True
+
+    def __call__(self) -> bool:
+        return self.seen
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def run_sweep(sweep: RLSweep, options: SweepOptions | None = None) -> SweepRun:
     """Every trial of the budget (those a previous process finished are kept), then the results."""
     import ray
@@ -191,16 +215,20 @@ def run_sweep(sweep: RLSweep, options: SweepOptions | None = None) -> SweepRun:
               run.concurrency * extra_learners(template.learner.replicas))
     # A fresh process per trial: a run's module-level state (torch threads, seeds) never reaches the next.
     remote = ray.remote(num_cpus=0, max_calls=1)(run_trial)
+    interrupted = _Interrupt()
     try:
         with LiveTable(run, enabled=run.options.live) as table:
             run.start_trials(remote)
             while run.running:
                 done, _ = ray.wait([r.ref for r in run.running.values()], num_returns=1, timeout=POLL_SECONDS)
+                if interrupted():
+                    raise KeyboardInterrupt
                 run.observe()
                 run.collect(done)
                 run.start_trials(remote)
                 table.update()
     finally:
+        interrupted.restore()
         ray.shutdown()
     write_results(run)
     return run
