@@ -138,6 +138,21 @@ def _own_node_flags(node: int, temp_root: Path) -> list[str]:
             f"--min-worker-port={low}", f"--max-worker-port={low + 999}"]
 
 
+def _slots_offered(address: str, env: dict) -> int:
+    """Rollout slots the Ray cluster at `address` offers, asked by a driver of its own (this process stays
+    out of the cluster it tests)."""
+    script = ("import sys, ray; from kuberl.api.rollout_slots import workers_offered; "
+              "ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+              "print(workers_offered(ray.cluster_resources()))")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, address], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return 0
+    lines = done.stdout.split()
+    return int(lines[-1]) if done.returncode == 0 and lines and lines[-1].isdigit() else 0
+
+
 def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -258,7 +273,15 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
                     nodes.append(workers[i])
 
         keep_workers_up()
-        # The learner waits (up to a minute) for as many rollout slots as the spec's replicas.
+        # Both worker nodes offer their slot before the learner starts. The learner's own wait for slots is
+        # bounded (a minute) and a node that lost the race with the head's start-up is only started again
+        # by this loop: on a loaded machine that took longer than the whole run and the learner trained on
+        # one slot (seen in CI). What this test checks is where the actors land once the slots exist.
+        def both_slots_offered() -> bool:
+            keep_workers_up()
+            return _slots_offered(f"127.0.0.1:{port}", env) == 2
+
+        _wait_for(both_slots_offered, 300, "two rollout slots")
         learner = subprocess.Popen([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--ray-address",
                                     f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
                                     "--no-progress"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
