@@ -118,45 +118,60 @@ def test_worker_pod_joins_the_head_with_one_rollout_slot(job_dict):
     pod = builders.build_worker_pod(job, OPTIONS, 4)
     (container,) = pod["spec"]["containers"]
     assert container["command"] == [
-        "python3", "-m", "kuberl.trainer.ray_node", "--address=cartpole-ppo-head.default.svc:6379", "--block",
+        "python3", "-m", "kuberl.trainer.ray_node", "--wait-for=cartpole-ppo-head.default.svc:6379",
+        "--wait-for=cartpole-ppo-head.default.svc:6380", "--address=cartpole-ppo-head.default.svc:6379", "--block",
         "--num-cpus=2", '--resources={"rollout_slot": 1}', "--disable-usage-stats"]
-    assert json.loads(container["command"][6].split("=", 1)[1]) == {"rollout_slot": 1}
+    assert json.loads(container["command"][8].split("=", 1)[1]) == {"rollout_slot": 1}
     assert container["resources"] == {"requests": {"cpu": "1500m"}, "limits": {"memory": "1Gi"}}
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"}
-    (init,) = pod["spec"]["initContainers"]
-    assert init["name"] == "wait-for-head" and init["command"][:2] == ["sh", "-c"]
-    assert "socket.create_connection" in init["command"][2] and "KUBERL_RAY_ADDRESS" in init["command"][2]
-    assert env_of(init)["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.default.svc:6379"
+    assert "initContainers" not in pod["spec"]  # the node waits for its head itself: one container start
     assert pod["metadata"]["name"] == "cartpole-ppo-worker-4"
 
 
-def test_wait_for_head_returns_only_once_the_heads_gcs_and_its_raylet_both_answer(job):
-    """The init container's script, run for real against sockets on a loopback address of its own: with
-    only the GCS up it keeps waiting (a worker started then would give up on the head's unregistered
-    node), and it returns once the head's raylet port answers too."""
+def test_a_node_starts_only_once_the_heads_gcs_and_its_raylet_both_answer(job):
+    """The worker's `--wait-for` addresses, waited on for real against sockets on a loopback address of its
+    own: with only the GCS up it keeps waiting (a worker started then would give up on the head's
+    unregistered node), and it returns once the head's raylet port answers too. `ray start` never sees
+    KubeRL's option."""
     import socket
-    import subprocess
-    import sys
+    import threading
 
-    init = builders.build_worker_pod(job, OPTIONS, 0)["spec"]["initContainers"][0]
+    from kuberl.trainer import ray_node
+
+    command = builders.build_worker_pod(job, OPTIONS, 0)["spec"]["containers"][0]["command"]
+    waits, rest = ray_node.split_wait_for(command[3:])
+    head = "cartpole-ppo-head.rl.svc"
+    assert waits == [(head, 6379), (head, names.HEAD_RAYLET_PORT)]
+    assert rest[0] == f"--address={head}:6379" and not [a for a in rest if "wait-for" in a]
     host = "127.0.0.77"
     gcs = socket.create_server((host, 0))
-    env = {"KUBERL_RAY_ADDRESS": f"{host}:{gcs.getsockname()[1]}", "PATH": "/usr/bin:/bin"}
-    script = init["command"][2].replace("exec python3", f"exec {sys.executable}", 1)
-    proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    on_raylet = threading.Event()
+    lines: list[str] = []
+
+    def report(line: str) -> None:
+        lines.append(line)
+        if f":{names.HEAD_RAYLET_PORT} " in line:
+            on_raylet.set()
+
+    waiter = threading.Thread(target=ray_node.wait_for, daemon=True,
+                              args=([(host, gcs.getsockname()[1]), (host, names.HEAD_RAYLET_PORT)], 0.05, report))
     try:
-        assert proc.stdout is not None
-        # It got past the GCS and now waits on the raylet: a line naming the raylet's port says so.
-        line = proc.stdout.readline()
-        while f":{names.HEAD_RAYLET_PORT} " not in line:
-            assert line, "the script ended before the head's raylet port was up"
-            line = proc.stdout.readline()
-        assert proc.poll() is None
+        waiter.start()
+        assert on_raylet.wait(timeout=60), lines  # past the GCS, now waiting on the raylet
+        assert waiter.is_alive()
         with socket.create_server((host, names.HEAD_RAYLET_PORT)):
-            assert proc.wait(timeout=60) == 0
+            waiter.join(timeout=60)
+            assert not waiter.is_alive()
     finally:
-        proc.kill()
         gcs.close()
+    assert len(lines) == 1, lines  # said once what it waits for, not every probe
+
+
+def test_a_wait_for_that_is_not_host_and_port_is_refused():
+    from kuberl.trainer import ray_node
+
+    with pytest.raises(SystemExit, match="--wait-for=HOST:PORT"):
+        ray_node.split_wait_for(["--wait-for=head-only"])
 
 
 @pytest.mark.parametrize(("resources", "cpus"), [
@@ -182,7 +197,8 @@ def test_learner_pod_hands_over_the_resolved_job_and_mounts_checkpoints(job):
     (container,) = pod["spec"]["containers"]
     assert container["command"][:2] == ["sh", "-c"]
     script = container["command"][2]
-    assert script.startswith('python3 -m kuberl.trainer.ray_node --address="$KUBERL_RAY_ADDRESS" --num-cpus=0')
+    assert script.startswith("python3 -m kuberl.trainer.ray_node --wait-for=cartpole-ppo-head.rl.svc:6379 "
+                             '--wait-for=cartpole-ppo-head.rl.svc:6380 --address="$KUBERL_RAY_ADDRESS" --num-cpus=0')
     assert script.endswith("& exec kuberl learner"), "the raylet starts while the learner imports"
     env = env_of(container)
     assert env["KUBERL_RAY_ADDRESS"] == "cartpole-ppo-head.rl.svc:6379"

@@ -26,10 +26,9 @@ from kuberl.api import pod_schema
 from kuberl.api.threads import THREAD_ENV
 
 #: The container the operator builds for each role (spec field -> container name). A template container
-#: of that name merges into it; the rollout workers' and the learner's pods also run WAIT_FOR_HEAD first.
+#: of that name merges into it.
 MAIN_CONTAINERS = {"head": "ray-head", "rolloutWorkers": "rollout-worker", "learner": "learner",
                    "serving": "serving"}
-WAIT_FOR_HEAD = "wait-for-head"
 
 # ---- what the operator owns ---------------------------------------------------------------------
 
@@ -164,14 +163,12 @@ def owned_problems(template: dict[str, Any], role: str) -> list[tuple[tuple, str
                                                          f"({', '.join(OWNED_VOLUMES)}); name yours differently")))
     main = MAIN_CONTAINERS[role]
     for i, container in enumerate(spec.get("initContainers") or []):
-        if container["name"] in (WAIT_FOR_HEAD, main):
+        if container["name"] == main:
             out.append((("spec", "initContainers", i, "name"),
                         f"{container['name']!r} is a container of the operator's"))
     for i, container in enumerate(spec.get("containers") or []):
         where = ("spec", "containers", i)
-        if container["name"] == WAIT_FOR_HEAD:
-            out.append(((*where, "name"), f"{WAIT_FOR_HEAD!r} is an init container of the operator's"))
-        elif container["name"] == main:
+        if container["name"] == main:
             out += _owned_in_main(container, where, role)
         elif "image" not in container:
             out.append(((*where, "image"), "required field is missing (a sidecar needs its own image)"))

@@ -30,8 +30,6 @@ from kuberl.api.problems import Problem
 #: The roles whose pods a template changes: spec field -> the spec's attribute path.
 ROLES = {"head": ("head",), "rolloutWorkers": ("rollout_workers",), "learner": ("learner",),
          "serving": ("serving",)}
-#: Roles whose pods also run the operator's init container (waiting for the Ray head).
-WAITING_ROLES = ("rolloutWorkers", "learner")
 _SERVICE_ACCOUNT_FIELDS = ("serviceAccountName", "serviceAccount")
 #: The name Kubernetes gives the token Secret it makes for a ServiceAccount (every account before 1.24;
 #: some distributions still make them): the account's name, "-token-", and 5 characters of apimachinery's random-name
@@ -133,14 +131,12 @@ def template_problems(template: dict[str, Any], role: str, allowance: Allowance)
 
 def operator_pod(role: str) -> dict[str, Any]:
     """What the operator sets, on a role's pod, that Pod Security reads: the security contexts and the
-    token, on its own container and (for roles that wait for the head) its init container."""
+    token, on its own container."""
     def container(name: str) -> dict[str, Any]:
         return {"name": name, "securityContext": copy.deepcopy(pod_template.CONTAINER_SECURITY_CONTEXT)}
 
     spec: dict[str, Any] = {**copy.deepcopy(pod_template.POD_FIELDS),
                             "containers": [container(pod_template.MAIN_CONTAINERS[role])]}
-    if role in WAITING_ROLES:
-        spec["initContainers"] = [container(pod_template.WAIT_FOR_HEAD)]
     return {"metadata": {}, "spec": spec}
 
 

@@ -55,37 +55,27 @@ def _ray_env(job: RLTrainingJob) -> list[dict[str, Any]]:
 
 
 # Workers and the learner wait for the head before starting, instead of failing (and, for the learner,
-# spending a backoffLimit restart) while the head's image is pulled or its node starts. They wait for
-# the GCS port and then the head's raylet port: `ray start --address` gives up after about 40 s when the
-# head's node has not registered with its GCS, and on a busy node the head's GCS answers for minutes
-# before its raylet is up, so a wait on the GCS alone sent workers into a loop of failed starts that
-# took the CPU the head needed. A socket probe every half second: `ray health-check` costs a second and
-# a half of imports per try.
-_WAIT_FOR_HEAD = (
-    "exec python3 -c '"
-    "import os, socket, time\n"
-    "host, port = os.environ[\"KUBERL_RAY_ADDRESS\"].rsplit(\":\", 1)\n"
-    f"for port in (int(port), {names.HEAD_RAYLET_PORT}):\n"
-    "    while True:\n"
-    "        try:\n"
-    "            socket.create_connection((host, port), timeout=2).close()\n"
-    "            break\n"
-    "        except OSError as err:\n"
-    "            print(f\"waiting for the Ray head at {host}:{port} ({err})\", flush=True)\n"
-    "            time.sleep(0.5)\n"
-    "'"
-)
-# A Ray driver needs a raylet on its own host: the learner pod joins the cluster as a node with no
-# CPUs (so no rollout actor lands on it). The raylet starts in the background while the learner
-# imports torch and builds its networks; the learner's ray.init waits for the local node to register.
+# spending a backoffLimit restart) while the head's image is pulled or its node starts: the GCS port, then
+# the head's raylet port (kuberl.trainer.ray_node says why both), probed by the node's own process.
+def _wait_for_head(job: RLTrainingJob) -> list[str]:
+    gcs = names.ray_address(job.metadata.name, job.metadata.namespace)
+    raylet = f"{gcs.rpartition(':')[0]}:{names.HEAD_RAYLET_PORT}"
+    return [f"--wait-for={gcs}", f"--wait-for={raylet}"]
+
+
 #: `ray start` with the node's agents in Ray's minimal mode (the trainer image's kuberl.trainer.ray_node):
 #: the full dashboard agent's imports missed the raylet's fixed 15 s wait for them on a busy node and the
 #: raylet aborted. So no Ray dashboard: the job's metrics come from the learner.
 RAY_START = ["python3", "-m", "kuberl.trainer.ray_node"]
-_LEARNER_SCRIPT = (
-    f'{" ".join(RAY_START)} --address="$KUBERL_RAY_ADDRESS" --num-cpus=0 --disable-usage-stats '
-    '& exec kuberl learner'
-)
+
+
+def _learner_script(job: RLTrainingJob) -> str:
+    """A Ray driver needs a raylet on its own host: the learner pod joins the cluster as a node with no
+    CPUs (so no rollout actor lands on it). The node waits for the head and starts in the background
+    while the learner imports torch and builds its networks; the learner's ray.init waits for it."""
+    node = [*RAY_START, *_wait_for_head(job), '--address="$KUBERL_RAY_ADDRESS"', "--num-cpus=0",
+            "--disable-usage-stats"]
+    return f"{' '.join(node)} & exec kuberl learner"
 
 
 @dataclass(frozen=True)
@@ -197,7 +187,7 @@ def _scratch_volume() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: list[dict[str, Any]],
-         node_selector: dict[str, str], init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+         node_selector: dict[str, str]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         # The operator is the only restarter: it counts learner and head restarts against
         # backoffLimit and replaces failed workers, so a failed container ends its pod.
@@ -206,8 +196,6 @@ def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: lis
         "containers": containers,
         "volumes": [*volumes, _scratch_volume()[0]],  # every container mounts it (_container)
     }
-    if init_containers:
-        spec["initContainers"] = init_containers
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
@@ -215,11 +203,6 @@ def _pod(meta: dict[str, Any], *, containers: list[dict[str, Any]], volumes: lis
 
 def _ray_address_env(job: RLTrainingJob) -> dict[str, str]:
     return {"name": "KUBERL_RAY_ADDRESS", "value": names.ray_address(job.metadata.name, job.metadata.namespace)}
-
-
-def _wait_for_head(job: RLTrainingJob, options: BuildOptions, resources: Resources) -> dict[str, Any]:
-    return _container(pod_template.WAIT_FOR_HEAD, job, options, ["sh", "-c", _WAIT_FOR_HEAD], resources,
-                      [_ray_address_env(job), *RAY_ENV])
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,6 +282,7 @@ def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any
     resources, node selector and template (rollout workers, data-parallel learner ranks)."""
     command = [
         *RAY_START,
+        *_wait_for_head(job),
         f"--address={names.ray_address(job.metadata.name, job.metadata.namespace)}",
         "--block",
         f"--num-cpus={num_cpus}",
@@ -309,8 +293,7 @@ def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any
     container = _container(pod_template.MAIN_CONTAINERS[role], job, options, command, part.resources,
                            [_ray_address_env(job), *_ray_env(job), *threads_env(part.resources, threads)],
                            volumeMounts=[shm_mount])
-    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=part.node_selector,
-               init_containers=[_wait_for_head(job, options, part.resources)])
+    pod = _pod(meta, containers=[container], volumes=[shm], node_selector=part.node_selector)
     return pod_template.merge(pod, part.template, role)
 
 
@@ -377,15 +360,13 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
     if preferences is not None:
         volumes.append(preferences[0])
         extra["volumeMounts"].append(preferences[1])
-    container = _container(pod_template.MAIN_CONTAINERS["learner"], job, options, ["sh", "-c", _LEARNER_SCRIPT],
+    container = _container(pod_template.MAIN_CONTAINERS["learner"], job, options, ["sh", "-c", _learner_script(job)],
                            learner.resources, env,
                            **extra)
     annotations = {**(annotations or {}), names.LEARNER_REPLICAS_ANNOTATION: str(job.spec.learner.replicas)}
     meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
                      annotations=annotations)
-    pod = _pod(meta, containers=[container], volumes=volumes,
-               node_selector=learner.node_selector,
-               init_containers=[_wait_for_head(job, options, learner.resources)])
+    pod = _pod(meta, containers=[container], volumes=volumes, node_selector=learner.node_selector)
     return pod_template.merge(pod, learner.template, "learner")
 
 

@@ -194,6 +194,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir) if args.run_dir else None,
         resume=args.resume,
         ray_address=args.ray_address or os.environ.get("KUBERL_RAY_ADDRESS"),
+        ship_import_path=getattr(args, "command", None) != "learner",
         progress=not args.no_progress and sys.stderr.isatty(),
         started_at=_process_start(),
         # A whole `kuberl train` process leaves by os._exit below and its embedded Ray goes with it

@@ -20,12 +20,19 @@ backoffLimit restart. So:
   nodes' and other jobs' too wherever nodes share a host) and tried again, `ATTEMPTS` times in all,
   before the container fails. A failure
   after the node is up (`--block` seeing a Ray process exit) ends the container at once, as before.
+A node that joins a head (`--wait-for=HOST:PORT`, KubeRL's own option, given once per port) first waits
+until each of those ports accepts a connection: a worker or learner pod starts beside its head, and a
+`ray start` against a head whose GCS answers but whose own node has not registered gives up on it (on a busy
+node the head's GCS answered for minutes before its raylet was up, and workers looped through failed starts
+that took the CPU the head needed). A socket probe every half second, in this process: no init container
+that starts the whole image only to poll.
 Nothing here imports torch: a worker or head pod never needs it.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 from typing import Any, Callable
@@ -39,6 +46,10 @@ ATTEMPTS = 3
 #: raylet registers once its agents have written their ports, which it waits 15 s for, so a node not
 #: there after four times that has failed (on the busiest run seen, registration came within 25 s).
 REGISTER_S = 60.0
+#: KubeRL's own option: wait for HOST:PORT to accept a connection before starting the node.
+WAIT_FOR = "--wait-for="
+#: How often a waiting node says what it waits for (it probes every half second).
+WAIT_REPORT_S = 30.0
 
 
 class NodeStartFailed(Exception):
@@ -141,10 +152,41 @@ def stop_own_processes(timeout_s: float = 10.0) -> int:
     return len(tree)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ray.scripts import scripts
+def split_wait_for(args: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+    """(the `--wait-for=HOST:PORT` addresses, in order; the rest, for `ray start`)."""
+    waits, rest = [], []
+    for arg in args:
+        if arg.startswith(WAIT_FOR):
+            host, _, port = arg[len(WAIT_FOR):].rpartition(":")
+            if not host or not port.isdigit():
+                raise SystemExit(f"kuberl: {arg!r}: expected {WAIT_FOR}HOST:PORT")
+            waits.append((host, int(port)))
+        else:
+            rest.append(arg)
+    return waits, rest
 
-    args = sys.argv[1:] if argv is None else argv
+
+def wait_for(addresses: list[tuple[str, int]], interval_s: float = 0.5,
+             report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
+    """Return once each address, in turn, accepts a TCP connection; say what it waits for now and then."""
+    for host, port in addresses:
+        reported = None
+        while True:
+            try:
+                socket.create_connection((host, port), timeout=2).close()
+                break
+            except OSError as err:
+                if reported is None or time.monotonic() - reported >= WAIT_REPORT_S:
+                    report(f"kuberl: waiting for the Ray head at {host}:{port} ({err})")
+                    reported = time.monotonic()
+                time.sleep(interval_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    waits, args = split_wait_for(sys.argv[1:] if argv is None else argv)
+    wait_for(waits)
+    from ray.scripts import scripts  # after the wait: a second of imports a waiting pod need not hold
+
     _patch_ray()
     for attempt in range(1, ATTEMPTS + 1):
         try:

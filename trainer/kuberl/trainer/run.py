@@ -40,6 +40,11 @@ class TrainOptions:
     resume: bool = False
     workers: int | None = None
     ray_address: str | None = None
+    # A driver joining a cluster from elsewhere (`kuberl train --ray-address` on a laptop) hands its import
+    # path to the cluster's workers (a user's env module beside the job file). A learner pod does not: every
+    # node of the job runs the learner's image, and a runtime_env makes Ray start a fresh worker process for
+    # each actor where a pre-started one would do.
+    ship_import_path: bool = True
     metrics_port: int | None = None
     progress: bool = True
     max_env_steps: int | None = None
@@ -166,7 +171,8 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
     """Ray (started or joined), the learner, the report's files, the rollout workers: the loop, ready."""
     spec, options = run.job.spec, run.options
     try:
-        ray_seconds = start_ray(options.ray_address, run.replicas, extra_learners(spec.learner.replicas))
+        ray_seconds = start_ray(options.ray_address, run.replicas, extra_learners(spec.learner.replicas),
+                                ship_import_path=options.ship_import_path)
     finally:
         learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
     # After Ray: ray.init installs its own SIGTERM handler (sys.exit), and its core worker a C++

@@ -22,15 +22,17 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
-from kuberl.trainer.ray_node import minimal_agents, polling_get_node
+from kuberl.trainer.ray_node import minimal_agents, polling_get_node, wait_for
 from kuberl.trainer.rollout import RolloutWorker
 
 log = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, local_slots: int, local_learners: int = 0) -> float:
+def start_ray(address: str | None, local_slots: int, local_learners: int = 0, *,
+              ship_import_path: bool = True) -> float:
     """Start an embedded Ray (or join `address`) with `local_slots` rollout slots and `local_learners`
-    learner slots (data-parallel learners beyond rank 0); returns seconds it took."""
+    learner slots (data-parallel learners beyond rank 0); returns seconds it took. Joining, the workers
+    get this process's import path (`ship_import_path`) through a runtime_env."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     t0 = time.perf_counter()
     if ray.is_initialized():
@@ -39,11 +41,16 @@ def start_ray(address: str | None, local_slots: int, local_learners: int = 0) ->
     paths = [os.getcwd(), *[p for p in sys.path if p]]
     pythonpath = os.pathsep.join(dict.fromkeys(paths))
     if address:
-        # A learner pod may start before its head answers: keep trying for a while, then fail clearly.
+        # A learner pod starts beside its head: wait for the head's GCS port however long its image pull
+        # takes (as the pod's own Ray node does), then give the joining a bounded time and fail clearly.
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit() and "://" not in host:  # a GCS address, not Ray Client's ray://
+            wait_for([(host, int(port))], report=log.warning)
         deadline = time.monotonic() + float(os.environ.get("KUBERL_RAY_CONNECT_TIMEOUT", "180"))
         while True:
             try:
-                ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}} if ship_import_path else None
+                ray.init(address=address, runtime_env=runtime_env,
                          logging_level=logging.WARNING,
                          log_to_driver=True)
                 break
