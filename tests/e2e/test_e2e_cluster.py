@@ -16,6 +16,7 @@ containers are in test_operator_integration.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -262,7 +263,12 @@ def test_a_job_with_four_rollout_workers(bed):
     # the example's 475 on the cluster is test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it's
     # claim; here CartPole's 195 ("solved" in gymnasium's v0) is enough, and four workers' pods on two
     # cores took minutes more to reach 475.
+    # Every pod held to one CPU by a limit (a cgroup quota on its container) on a node of more cores: each
+    # process's thread pools are sized to that one CPU, not to the node's cores.
+    assert len(os.sched_getaffinity(0)) > 1, "the thread check needs a node with more cores than the pods' limit"
+    one_cpu = {"limits": {"cpu": "1", "memory": "2Gi"}}
     job = example("cartpole-ppo.yaml", **{"rolloutWorkers.replicas": 4, "rolloutWorkers.envsPerWorker": 4,
+                                          "rolloutWorkers.resources": one_cpu, "learner.resources": one_cpu,
                                           "stopping.targetReturn": 195, "evaluation.episodes": 5})
     job["metadata"]["name"] = "cartpole-four"
     watch = Watch(bed, "cartpole-four")
@@ -276,6 +282,11 @@ def test_a_job_with_four_rollout_workers(bed):
     # The learner placed one rollout actor on each of the four worker pods (Ray nodes).
     logs = bed.kubectl("logs", "-n", NS, "cartpole-four-learner").stdout
     assert "4/4 rollout workers" in logs, logs[-3000:]
+    assert "torch threads: 1 (container CPUs: 1)" in logs, logs[-3000:]
+    # Each rollout worker's own process, in its own container, says what it computes with.
+    pools = "thread pools OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1"
+    for index in range(4):
+        assert f"rollout worker {index} ready: container CPUs 1, {pools}" in logs, logs[-3000:]
     delete_and_check_nothing_left(bed, "cartpole-four")
 
 

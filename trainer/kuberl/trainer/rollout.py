@@ -129,8 +129,13 @@ class RolloutWorker:
         """`fn(self, *args)` here: scenario code that needs this worker's policy (evaluation games)."""
         return fn(self, *args)
 
-    def ping(self) -> int:
-        return self.worker_index
+    def ping(self) -> dict[str, Any]:
+        """Ready: this worker's index and the thread pools it computes with, as its own process sees them
+        (its container's CPUs, not the node's: kuberl.trainer.threads)."""
+        from kuberl.trainer.threads import THREAD_ENV, container_cpus
+
+        return {"index": self.worker_index, "container_cpus": container_cpus(),
+                "pools": {var: os.environ.get(var, "unset") for var in THREAD_ENV}}
 
     # ---- sampling: what the learner trains on -----------------------------------------------------
 

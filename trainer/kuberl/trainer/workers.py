@@ -22,6 +22,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
+from kuberl.api.threads import THREAD_ENV
 from kuberl.trainer.ray_node import minimal_agents, polling_get_node, wait_for
 from kuberl.trainer.rollout import RolloutWorker
 
@@ -61,9 +62,11 @@ def start_ray(address: str | None, local_slots: int, local_learners: int = 0, *,
                 time.sleep(2.0)
     else:
         # The local raylet inherits this environment and hands it to its workers, so they need no
-        # runtime_env: one would make every actor wait for a fresh worker process set up for it.
-        previous = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = pythonpath
+        # runtime_env: one would make every actor wait for a fresh worker process set up for it. Each
+        # rollout actor holds one of Ray's CPUs, so its thread pools get one thread (where the user set
+        # none): numpy's OpenBLAS would otherwise start one per core in every worker.
+        saved = {var: os.environ.get(var) for var in ("PYTHONPATH", *THREAD_ENV)}
+        os.environ.update({"PYTHONPATH": pythonpath, **{var: "1" for var in THREAD_ENV if not saved[var]}})
         try:
             with _lean_local_head():
                 ray.init(
@@ -76,10 +79,11 @@ def start_ray(address: str | None, local_slots: int, local_learners: int = 0, *,
                     log_to_driver=True,
                 )
         finally:  # the raylet has its copy; the rest of this process keeps what it had
-            if previous is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = previous
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
     return time.perf_counter() - t0
 
 
@@ -240,8 +244,11 @@ class WorkerSet:
                 for ref in done:
                     handle = pending[ref]
                     try:
-                        ray.get(ref)
+                        seen = ray.get(ref)
                         handle.ready = True
+                        pools = " ".join(f"{var}={n}" for var, n in seen["pools"].items())
+                        log.info("rollout worker %d ready: container CPUs %d, thread pools %s", handle.index,
+                                 seen["container_cpus"], pools)
                     except (RayActorError, RayTaskError) as err:
                         log.warning("rollout worker %d failed to start: %s", handle.index, err)
                         self.replace(handle.index)
