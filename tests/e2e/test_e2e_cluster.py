@@ -172,7 +172,7 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt")), list(run_dir.iterdir())
     assert (run_dir / "evaluation.json").exists() and (run_dir / "metrics.jsonl").exists()
     # TensorBoard's reader loads the learner's event files from the claim: a point per metrics row.
-    from test_tensorboard import read_events
+    from tensorboard_events import read_events
 
     metric_rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [e.step for e in read_events(run_dir / "tensorboard").Scalars("rollout/mean_return")]

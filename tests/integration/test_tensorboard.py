@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard_events import read_events
 
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
@@ -47,13 +48,6 @@ def local_ray():
     start_ray(None, local_slots=2)
     yield
     ray.shutdown()
-
-
-def read_events(log_dir: Path) -> EventAccumulator:
-    """TensorBoard's own reader over a directory of event files, every point kept."""
-    acc = EventAccumulator(str(log_dir), size_guidance={SCALARS: 0})  # 0: keep every point
-    acc.Reload()
-    return acc
 
 
 def _points(acc: EventAccumulator) -> dict[str, list[tuple[int, float]]]:
