@@ -6,7 +6,7 @@ common.from_tests: the real control plane, a node agent running every pod the sc
 as a podman container of the real trainer image, the operator installed with its chart and running
 as its Deployment):
 
-- apply -> all pods created, head ready, all pods Running (init containers done), the learner's
+- apply -> all pods created, head ready, all pods Running, the learner's
   /metrics up, the first env step (kuberl_env_steps_total > 0), the job Complete;
 - where the time goes: container start (pod created -> running), the Ray head's start, the
   workers' and learner's wait for the head, the learner's imports and Ray join, training (the

@@ -9,6 +9,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports the trainer only for the command that trains
+    from kuberl.trainer.run import TrainOptions
 
 
 def _print_problems(err) -> None:
@@ -155,6 +159,23 @@ def _overrides(args: argparse.Namespace) -> tuple:
     return tuple(Override(flag, tuple(path.split(".")), value) for flag, path, value in given if value is not None)
 
 
+def train_options(args: argparse.Namespace) -> TrainOptions:
+    """How `kuberl train` / `kuberl learner` runs the job here, from its flags and the pod's environment."""
+    from kuberl.trainer.run import TrainOptions
+
+    return TrainOptions(  # (the SPEC_FLAGS are in job.spec already)
+        run_dir=Path(args.run_dir) if args.run_dir else None,
+        resume=args.resume,
+        ray_address=args.ray_address or os.environ.get("KUBERL_RAY_ADDRESS"),
+        ship_import_path=getattr(args, "command", None) != "learner",
+        progress=not args.no_progress and sys.stderr.isatty(),
+        started_at=_process_start(),
+        # A whole `kuberl train` process leaves by os._exit below and its embedded Ray goes with it
+        # (`stop_local_ray_after_exit`), instead of stopping Ray's processes one by one (about 1.5 s).
+        exit_after=getattr(args, "exit_when_done", False),
+    )
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from kuberl.api.load import (
         MAX_JOB_BYTES,
@@ -188,19 +209,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         _print_problems(err)
         return 2
 
-    from kuberl.trainer.run import TrainOptions, train
+    from kuberl.trainer.run import train
 
-    options = TrainOptions(  # (the SPEC_FLAGS are in job.spec already)
-        run_dir=Path(args.run_dir) if args.run_dir else None,
-        resume=args.resume,
-        ray_address=args.ray_address or os.environ.get("KUBERL_RAY_ADDRESS"),
-        ship_import_path=getattr(args, "command", None) != "learner",
-        progress=not args.no_progress and sys.stderr.isatty(),
-        started_at=_process_start(),
-        # A whole `kuberl train` process leaves by os._exit below and its embedded Ray goes with it
-        # (`stop_local_ray_after_exit`), instead of stopping Ray's processes one by one (about 1.5 s).
-        exit_after=getattr(args, "exit_when_done", False),
-    )
+    options = train_options(args)
     try:
         result = train(job, options)
     except (RuntimeError, TimeoutError, ConnectionError) as err:  # a clear line, not a traceback
