@@ -32,6 +32,7 @@ Nothing here imports torch: a worker or head pod never needs it.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import sys
 import time
@@ -116,6 +117,21 @@ def polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable[
     return polling
 
 
+def raylet_says(logs_dir: str | None, lines: int = 8, limit: int = 4096) -> str:
+    """The end of the node's raylet.out (why a raylet aborted), to go into the failure's message: the
+    session directory may be gone by the time anyone looks (a pod's, a test's temporary one)."""
+    if not logs_dir:
+        return ""
+    try:
+        with open(os.path.join(logs_dir, "raylet.out"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            tail = f.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "; raylet.out ends:\n  " + "\n  ".join(tail) if tail else ""
+
+
 def _patch_ray() -> None:
     from ray._private import node as ray_node
     from ray._private import services
@@ -130,7 +146,7 @@ def _patch_ray() -> None:
         try:
             start_node(self, *args, **kwargs)
         except Exception as err:
-            raise NodeStartFailed(str(err)) from err
+            raise NodeStartFailed(f"{err}{raylet_says(getattr(self, '_logs_dir', None))}") from err
 
     ray_node.Node.__init__ = node_init
 

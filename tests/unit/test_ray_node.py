@@ -1,0 +1,18 @@
+"""kuberl.trainer.ray_node's own parts that need no Ray node: what a failed start says."""
+
+from __future__ import annotations
+
+from kuberl.trainer import ray_node
+
+
+def test_a_failed_start_quotes_the_end_of_its_raylet_out(tmp_path):
+    """The session directory of a failed node may be gone when someone looks (a pod's, a test's), so the
+    failure's message carries the raylet's last lines, bounded."""
+    lines = [f"line {i}" for i in range(100)] + ["[FATAL] Timed out waiting for file .../metrics_agent_port"]
+    (tmp_path / "raylet.out").write_text("\n".join(lines) + "\n")
+    said = ray_node.raylet_says(str(tmp_path))
+    assert said.startswith("; raylet.out ends:") and said.endswith("Timed out waiting for file .../metrics_agent_port")
+    assert said.count("\n") == 8 and "line 93" in said and "line 92" not in said
+    (tmp_path / "raylet.out").write_text("x" * 100_000)
+    assert len(ray_node.raylet_says(str(tmp_path))) < 4200
+    assert ray_node.raylet_says(str(tmp_path / "gone")) == "" and ray_node.raylet_says(None) == ""
