@@ -462,7 +462,8 @@ def test_a_learner_that_exits_at_once_shows_its_last_log_lines(bed):
     status = bed.cluster.wait_for("rltj", "no-gpu", namespace=NS, timeout=300, predicate=phase_is("Failed"))["status"]
     assert status["reason"] == "BackoffLimitExceeded", status
     assert "container learner exited with code 1" in status["message"], status
-    # The learner's last log line, from its termination message (FallbackToLogsOnError).
+    # The learner's error line, from its termination message (the learner writes it: its pod's Ray node may
+    # still log after the learner ended).
     assert "error: spec.learner.device is cuda but torch sees no CUDA device" in status["message"], status
     # The Event comes from kopf's own queue, possibly after the status.
     event = wait_until(lambda: next((e["message"] for e in job_events(bed, "no-gpu")

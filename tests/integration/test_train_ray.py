@@ -268,8 +268,9 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
             # A `ray start` that raced the head's start-up exits; start it again, as a pod restart would.
             for i, node in enumerate(workers):
                 if node is None or node.poll() is not None:
+                    out = (tmp_path / f"worker-{i}-{len(nodes)}.log").open("w")
                     workers[i] = subprocess.Popen([*worker_cmd, *_own_node_flags(i + 1, temp_root)], env=env, start_new_session=True,
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                                  stdout=out, stderr=subprocess.STDOUT)
                     nodes.append(workers[i])
 
         keep_workers_up()
@@ -281,7 +282,13 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
             keep_workers_up()
             return _slots_offered(f"127.0.0.1:{port}", env) == 2
 
-        _wait_for(both_slots_offered, 300, "two rollout slots")
+        try:
+            _wait_for(both_slots_offered, 300, "two rollout slots")
+        except AssertionError as err:
+            # What each worker node's start said, and its raylet's last lines (the temp dirs go with the test).
+            said = [f"{log.name}: {log.read_text(errors='replace')[-1500:]}" for log in sorted(tmp_path.glob("worker-*.log"))]
+            said += [f"{out}: {out.read_text(errors='replace')[-1500:]}" for out in sorted(temp_root.glob("n*/session_*/logs/raylet.out"))]
+            raise AssertionError(f"{err}\n" + "\n".join(said)[-12_000:]) from None
         learner = subprocess.Popen([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--ray-address",
                                     f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run"), "--metrics-port", "0",
                                     "--no-progress"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
@@ -397,3 +404,16 @@ def test_sigterm_saves_a_checkpoint_and_skips_the_evaluation_its_dying_workers_c
     assert result.ok and result.reason == "signal" and result.evaluation == {}
     newest = sorted((tmp_path / "checkpoints").glob("ckpt-*.pt"))[-1]
     assert newest.name == f"ckpt-{result.counters.iterations:09d}.pt"
+
+
+def test_a_learner_that_fails_leaves_its_error_as_the_termination_message(tmp_path):
+    """In a pod the learner's error line is its container's termination message, written by the learner: the
+    pod's Ray node, started beside it, may still log after the learner ended, and the kubelet's fallback
+    would quote those lines instead (the operator puts the message in the job's status)."""
+    message = tmp_path / "termination-log"
+    env = dict(os.environ, KUBERL_TERMINATION_MESSAGE_PATH=str(message), RAY_USAGE_STATS_ENABLED="0")
+    done = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "train", str(REPO / "examples" / "cartpole-ppo.yaml"),
+                           "--device", "cuda", "--no-progress", "--run-dir", str(tmp_path / "run")],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert message.read_text() == "error: spec.learner.device is cuda but torch sees no CUDA device"

@@ -216,6 +216,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         result = train(job, options)
     except (RuntimeError, TimeoutError, ConnectionError) as err:  # a clear line, not a traceback
         print(f"error: {err}", file=sys.stderr)
+        # In a pod, the line is the container's termination message too: the pod's Ray node, started
+        # beside the learner, may still write to the same log after it (the kubelet's fallback quotes
+        # the log's last lines).
+        from kuberl.trainer.metrics import write_termination_message
+
+        write_termination_message(f"error: {err}")
         return 1
     code = 0 if result.ok else 1
     if options.exit_after:
