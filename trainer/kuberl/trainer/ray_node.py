@@ -43,10 +43,12 @@ log = logging.getLogger(__name__)
 MINIMAL_REASON = "kuberl: Ray's agents run in minimal mode (kuberl.trainer.ray_node)"
 #: Starts of the node tried in one container before it fails (and the operator's restart rules apply).
 ATTEMPTS = 3
-#: How long a node may take to appear in the GCS's node table before its start counts as failed: the
-#: raylet registers once its agents have written their ports, which it waits 15 s for, so a node not
-#: there after four times that has failed (on the busiest run seen, registration came within 25 s).
-REGISTER_S = 60.0
+#: How long a live raylet may take to appear in the GCS's node table before its start counts as failed (a
+#: raylet that exited is a failed start at once, `raylet_exited`). Five minutes, the wait a pod's Ray node gets
+#: (RAY_raylet_start_wait_time_s in the operator's builders): on a loaded machine (a test suite, load 15-20 on
+#: two cores) an embedded raylet missed Ray's own 30 s, and a node given up on is started again, its new start
+#: adding to the load that slowed it.
+REGISTER_S = 300.0
 #: KubeRL's own option: wait for HOST:PORT to accept a connection before starting the node.
 WAIT_FOR = "--wait-for="
 #: How often a waiting node says what it waits for (it probes every half second).

@@ -23,7 +23,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
 from kuberl.api.threads import THREAD_ENV
-from kuberl.trainer.ray_node import minimal_agents, polling_get_node, wait_for
+from kuberl.trainer.ray_node import REGISTER_S, minimal_agents, polling_get_node, wait_for
 from kuberl.trainer.rollout import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,6 @@ _FAST_CONNECT_RETRIES = {"RAY_raylet_client_num_connect_attempts": "200",
                          "RAY_raylet_client_connect_timeout_milliseconds": "50"}
 
 
-#: How long the embedded Ray's raylet may take to register: the 5 minutes a pod's Ray node gets
-#: (RAY_raylet_start_wait_time_s in the operator's builders), not Ray's 30 s.
-LOCAL_REGISTER_S = 300.0
-
-
 @contextlib.contextmanager
 def _lean_local_head():
     """An embedded Ray that starts in about a second less, for a one-machine training run:
@@ -137,11 +132,12 @@ def _lean_local_head():
     patch(ray_node.Node, "start_api_server", lambda self, **_: None)
     patch(ray_utils, "get_dashboard_dependency_error", minimal_agents)
     if hasattr(services, "get_node") and hasattr(services, "_get_gcs_client_options"):
-        # Up to LOCAL_REGISTER_S for the raylet to register (sooner once it is there, or once it exited):
-        # Ray's own loop gives it 30 s, and under a loaded machine (a test suite beside a CPU hog) a raylet
+        # Up to REGISTER_S (a pod's Ray node's wait) for the raylet to register (sooner once it is there, or
+        # once it exited):
+        # Ray's own loop gives it 30 s, and on a loaded machine (the test suite) a raylet
         # registered later than that and `kuberl sweep` failed "timed out during startup".
         patch(services, "get_node", polling_get_node(services.get_node, services._get_gcs_client_options,
-                                                     wait_s=LOCAL_REGISTER_S))
+                                                     wait_s=REGISTER_S))
     saved = {key: os.environ.get(key) for key in _FAST_CONNECT_RETRIES}
     for key, value in _FAST_CONNECT_RETRIES.items():
         os.environ.setdefault(key, value)  # the raylet inherits them; a user's own settings win
