@@ -16,3 +16,10 @@ def test_a_failed_start_quotes_the_end_of_its_raylet_out(tmp_path):
     (tmp_path / "raylet.out").write_text("x" * 100_000)
     assert len(ray_node.raylet_says(str(tmp_path))) < 4200
     assert ray_node.raylet_says(str(tmp_path / "gone")) == "" and ray_node.raylet_says(None) == ""
+
+
+def test_a_gcs_address_is_host_and_port_and_nothing_else_is():
+    assert ray_node.host_and_port("cartpole-ppo-head.rl.svc:6379") == ("cartpole-ppo-head.rl.svc", 6379)
+    assert ray_node.host_and_port("127.0.0.1:6379") == ("127.0.0.1", 6379)
+    for other in ("auto", "ray://head:10001", "head:", ":6379", "head:port"):
+        assert ray_node.host_and_port(other) is None, other

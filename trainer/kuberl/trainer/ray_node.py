@@ -170,15 +170,21 @@ def stop_own_processes(timeout_s: float = 10.0) -> int:
     return len(tree)
 
 
+def host_and_port(address: str) -> tuple[str, int] | None:
+    """A GCS address `HOST:PORT` as (host, port); None for anything else (`auto`, Ray Client's `ray://`)."""
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() and "://" not in host else None
+
+
 def split_wait_for(args: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
     """(the `--wait-for=HOST:PORT` addresses, in order; the rest, for `ray start`)."""
     waits, rest = [], []
     for arg in args:
         if arg.startswith(WAIT_FOR):
-            host, _, port = arg[len(WAIT_FOR):].rpartition(":")
-            if not host or not port.isdigit():
+            where = host_and_port(arg[len(WAIT_FOR):])
+            if where is None:
                 raise SystemExit(f"kuberl: {arg!r}: expected {WAIT_FOR}HOST:PORT")
-            waits.append((host, int(port)))
+            waits.append(where)
         else:
             rest.append(arg)
     return waits, rest

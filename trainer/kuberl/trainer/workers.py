@@ -23,7 +23,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
 from kuberl.api.threads import THREAD_ENV
-from kuberl.trainer.ray_node import REGISTER_S, minimal_agents, polling_get_node, wait_for
+from kuberl.trainer.ray_node import REGISTER_S, host_and_port, minimal_agents, polling_get_node, wait_for
 from kuberl.trainer.rollout import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -44,13 +44,13 @@ def start_ray(address: str | None, local_slots: int, local_learners: int = 0, *,
     if address:
         # A learner pod starts beside its head: wait for the head's GCS port however long its image pull
         # takes (as the pod's own Ray node does), then give the joining a bounded time and fail clearly.
-        host, _, port = address.rpartition(":")
-        if host and port.isdigit() and "://" not in host:  # a GCS address, not Ray Client's ray://
-            wait_for([(host, int(port))], report=log.warning)
+        gcs = host_and_port(address)
+        if gcs is not None:
+            wait_for([gcs], report=log.warning)
+        runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}} if ship_import_path else None
         deadline = time.monotonic() + float(os.environ.get("KUBERL_RAY_CONNECT_TIMEOUT", "180"))
         while True:
             try:
-                runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}} if ship_import_path else None
                 ray.init(address=address, runtime_env=runtime_env,
                          logging_level=logging.WARNING,
                          log_to_driver=True)
