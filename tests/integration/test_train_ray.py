@@ -248,7 +248,8 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
     nodes = [subprocess.Popen([*RAY_START, "--head", f"--port={port}", "--num-cpus=0",
                                "--include-dashboard=false", "--object-store-memory=100000000", *common,
                                *_own_node_flags(0, temp_root)],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                              env=env, start_new_session=True, stdout=(tmp_path / "head.log").open("w"),
+                              stderr=subprocess.STDOUT)]
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(short_job(job_dict, maxEnvSteps=8_000)))
 
@@ -286,7 +287,8 @@ def test_joins_a_multi_node_ray_cluster_one_actor_per_rollout_slot(job_dict, tmp
             _wait_for(both_slots_offered, 300, "two rollout slots")
         except AssertionError as err:
             # What each worker node's start said, and its raylet's last lines (the temp dirs go with the test).
-            said = [f"{log.name}: {log.read_text(errors='replace')[-1500:]}" for log in sorted(tmp_path.glob("worker-*.log"))]
+            said = [f"{log.name}: {log.read_text(errors='replace')[-1500:]}"
+                    for log in [tmp_path / "head.log", *sorted(tmp_path.glob("worker-*.log"))]]
             said += [f"{out}: {out.read_text(errors='replace')[-1500:]}" for out in sorted(temp_root.glob("n*/session_*/logs/raylet.out"))]
             raise AssertionError(f"{err}\n" + "\n".join(said)[-12_000:]) from None
         learner = subprocess.Popen([sys.executable, "-m", "kuberl.trainer.cli", "train", str(path), "--ray-address",
@@ -373,6 +375,60 @@ def test_a_node_whose_raylet_aborts_is_cleaned_up_and_started_again_leaving_othe
     finally:
         busy.close()
         _stop_all(nodes, temp_root)
+
+
+# Loaded at the start of every Python process of the node (through PYTHONPATH): Ray's two agents wait at
+# their first line until the test creates the gate file, as on a machine too busy to import them in time.
+_HELD_AGENTS = """
+import os, sys, time
+if sys.argv and sys.argv[0].endswith(("dashboard/agent.py", "runtime_env/agent/main.py")):
+    open(os.path.join(os.environ["KR_GATE_DIR"], "held-%d" % os.getpid()), "w").close()
+    while not os.path.exists(os.path.join(os.environ["KR_GATE_DIR"], "open")):
+        time.sleep(0.1)
+"""
+
+
+def test_a_node_whose_agents_are_slower_than_the_raylets_fixed_wait_starts_and_runs_tasks(tmp_path):
+    """The raylet waits 15 s, fixed in Ray, for its agents' port files and aborts when one is late, which on
+    a loaded machine failed every start of a node. Here both agents are held until the node has started:
+    the node starts anyway (the port files are written before the raylet starts), and once the agents come
+    up it runs a task, one with a runtime env (the runtime env agent's own work) and an actor."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(_HELD_AGENTS)
+    token = os.urandom(16).hex()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token,
+               KR_GATE_DIR=str(gate), PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path / "site"),
+                                                                             os.environ.get("PYTHONPATH")])))
+    temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: socket paths live under it
+    port = _free_port()
+    log = tmp_path / "node.log"
+    node = subprocess.Popen([*RAY_START, "--head", f"--port={port}", "--block", "--num-cpus=1",
+                             "--include-dashboard=false", "--object-store-memory=100000000",
+                             "--node-ip-address=127.0.0.1", "--disable-usage-stats", *_own_node_flags(0, temp_root)],
+                            env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: "Ray runtime started" in log.read_text() or node.poll() is not None, 300, "the node's start")
+        text = log.read_text()
+        assert node.poll() is None and "failed to start" not in text, text[-3000:]
+        held = sorted(p.name for p in gate.glob("held-*"))
+        assert len(held) == 2, f"both agents were started and are held: {held}"
+        (gate / "open").touch()
+        driver = ("import ray\n"
+                  f"ray.init(address='127.0.0.1:{port}')\n"
+                  "@ray.remote\ndef plain(): return 1\n"
+                  "@ray.remote\ndef env_var(): import os; return int(os.environ['KR_X'])\n"
+                  "@ray.remote\nclass Two:\n    def get(self): return 2\n"
+                  "print('sum', ray.get(plain.remote()) + ray.get(env_var.options(runtime_env={'env_vars': {'KR_X': '4'}}).remote())"
+                  " + ray.get(Two.remote().get.remote()))\n")
+        done = subprocess.run([sys.executable, "-c", driver], env=dict(env, PYTHONPATH=os.environ.get("PYTHONPATH", "")),
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0 and "sum 7" in done.stdout, (done.stdout + done.stderr)[-3000:]
+        assert node.poll() is None, log.read_text()[-3000:]
+    finally:
+        (gate / "open").touch()
+        _stop_all([node], temp_root)
 
 
 @pytest.mark.slow

@@ -13,6 +13,8 @@ backoffLimit restart. So:
   metrics, which KubeRL does not use (the learner exports the job's metrics itself). Ray has no switch for
   this: the check Ray makes for those extras is answered "missing" in this process, which builds the
   agents' command lines;
+- the agents' port files are written before the raylet starts (`ports_known_first`): under more load (a
+  test suite, load 15-20 on two cores) even the minimal agents missed the 15 s, every start of a node;
 - the node's registration is polled in the GCS's node table, and a node not there after `REGISTER_S` is a
   failed start (`polling_get_node`), instead of one call that waited minutes;
 - a failed start (the node never came up: Ray raised while starting it) is cleaned up (every process
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -119,19 +122,71 @@ def polling_get_node(get_node: Callable[[str, str], Any], gcs_options: Callable[
     return polling
 
 
-def raylet_says(logs_dir: str | None, lines: int = 8, limit: int = 4096) -> str:
-    """The end of the node's raylet.out (why a raylet aborted), to go into the failure's message: the
-    session directory may be gone by the time anyone looks (a pod's, a test's temporary one)."""
+#: A raylet.out line logged at Ray's fatal level ("C", spdlog's critical: RAY_LOG(FATAL), a failed RAY_CHECK).
+_FATAL_LINE = re.compile(r"^\[\S+ \S+ C \d+ \d+\] ")
+
+
+def raylet_says(logs_dir: str | None, lines: int = 8, limit: int = 4096, scan: int = 65536) -> str:
+    """Why the node's raylet aborted, to go into the failure's message (the session directory may be gone by
+    the time anyone looks: a pod's, a test's temporary one): its last fatal line, found in the last `scan`
+    bytes of raylet.out (after it come only a stack trace's lines), then the file's last `lines` lines; at
+    most `limit` characters."""
     if not logs_dir:
         return ""
     try:
         with open(os.path.join(logs_dir, "raylet.out"), "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            tail = f.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+            f.seek(max(0, f.tell() - scan))
+            text = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return ""
-    return "; raylet.out ends:\n  " + "\n  ".join(tail) if tail else ""
+    fatal = [line for line in text if _FATAL_LINE.match(line)][-1:]
+    tail = [line for line in text[-lines:] if line not in fatal]
+    if not tail and not fatal:
+        return ""
+    head = ("; raylet.out's fatal line:\n  " + fatal[0][:limit // 2] + "\n" if fatal else "; ") + "raylet.out ends:\n  "
+    return head + "\n  ".join(tail)[-(limit - len(head)):]
+
+
+def free_port() -> int:
+    """A TCP port nothing on this host listens on now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def ports_known_first(start_raylet: Callable[..., Any]) -> Callable[..., Any]:
+    """Ray's Node.start_raylet, with the node's agent port files written before the raylet starts.
+
+    Why: the raylet waits 15 s, fixed in its C++, for each agent to write the file that names its port, and
+    aborts when one is late: on a loaded machine (load 15-20 on two cores) even a minimal agent's imports
+    took longer, and every start of a node failed the same way. The ports need no agent to be known:
+    - in minimal mode (what every KubeRL node runs) the dashboard agent writes -1 for its metrics, metrics
+      export and HTTP ports (none of them runs), so those files say -1 from the start;
+    - the runtime env agent listens on the port the node gives it: a free one is picked here, where Ray
+      would let the agent bind any and report it. The raylet's client then waits for that agent to answer
+      up to `RAY_agent_register_timeout_ms`, a setting (given `REGISTER_S` here where unset), not the 15 s.
+    The agents still write their files as before, with the same values (Ray writes them by rename)."""
+    from ray._raylet import (
+        DASHBOARD_AGENT_LISTEN_PORT_NAME,
+        METRICS_AGENT_PORT_NAME,
+        METRICS_EXPORT_PORT_NAME,
+        RUNTIME_ENV_AGENT_PORT_NAME,
+        persist_port,
+    )
+
+    def start(self: Any, *args: Any, **kwargs: Any) -> Any:
+        params = self._ray_params
+        if not params.runtime_env_agent_port:
+            params.runtime_env_agent_port = free_port()
+        os.environ.setdefault("RAY_agent_register_timeout_ms", str(int(REGISTER_S * 1000)))
+        for name, port in ((METRICS_AGENT_PORT_NAME, -1), (METRICS_EXPORT_PORT_NAME, -1),
+                           (DASHBOARD_AGENT_LISTEN_PORT_NAME, -1),
+                           (RUNTIME_ENV_AGENT_PORT_NAME, params.runtime_env_agent_port)):
+            persist_port(self._session_dir, self._node_id, name, port)
+        return start_raylet(self, *args, **kwargs)
+
+    return start
 
 
 def _patch_ray() -> None:
@@ -142,6 +197,7 @@ def _patch_ray() -> None:
     ray_utils.get_dashboard_dependency_error = minimal_agents
     services.get_node = polling_get_node(services.get_node, services._get_gcs_client_options,
                                          wait_s=REGISTER_S, fail=True)
+    ray_node.Node.start_raylet = ports_known_first(ray_node.Node.start_raylet)
     start_node = ray_node.Node.__init__
 
     def node_init(self: Any, *args: Any, **kwargs: Any) -> None:

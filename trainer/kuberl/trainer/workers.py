@@ -23,7 +23,14 @@ from ray.exceptions import RayActorError, RayTaskError
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
 from kuberl.api.threads import THREAD_ENV
-from kuberl.trainer.ray_node import REGISTER_S, host_and_port, minimal_agents, polling_get_node, wait_for
+from kuberl.trainer.ray_node import (
+    REGISTER_S,
+    host_and_port,
+    minimal_agents,
+    polling_get_node,
+    ports_known_first,
+    wait_for,
+)
 from kuberl.trainer.rollout import RolloutWorker
 
 log = logging.getLogger(__name__)
@@ -100,7 +107,8 @@ def _lean_local_head():
     - without the two head processes such a run never uses: the dashboard's API server (ray.init
       waits for it to come up, even with include_dashboard=False) and the autoscaler monitor;
     - with the node agent in Ray's minimal mode (what Ray runs where the dashboard's dependencies are
-      not installed), so that the check for those dependencies does not import aiohttp here;
+      not installed), so that the check for those dependencies does not import aiohttp here, and with
+      the agents' port files written before the raylet waits 15 s for them (`ports_known_first`);
     - asking the GCS every 20 ms whether the raylet has registered, where ray.init asks once a second;
     - with the connection retries of `_FAST_CONNECT_RETRIES`.
     `ray start` heads (clusters) keep all of Ray's defaults; KUBERL_RAY_FULL_HEAD=1 keeps them here too.
@@ -131,6 +139,8 @@ def _lean_local_head():
         patch(parameter.RayParams, "__init__", lean_params)
     patch(ray_node.Node, "start_api_server", lambda self, **_: None)
     patch(ray_utils, "get_dashboard_dependency_error", minimal_agents)
+    if hasattr(ray_node.Node, "start_raylet"):
+        patch(ray_node.Node, "start_raylet", ports_known_first(ray_node.Node.start_raylet))
     if hasattr(services, "get_node") and hasattr(services, "_get_gcs_client_options"):
         # Up to REGISTER_S (a pod's Ray node's wait) for the raylet to register (sooner once it is there, or
         # once it exited):
