@@ -14,6 +14,11 @@ of test workers,
 and whether the run kept the budget docs/testing.md states: the tests phase of a warm run at most 35
 minutes, a whole cold run at most 60. A label containing "cold" is held to the cold budget.
 
+Where the CPU went: each result has the machine's busy CPU seconds over the run (/proc/stat) against
+what two cores could give in that time; and, where the kernel's process accounting can be turned on
+(root, Debian's `acct` package: `accton`, `sa`), the CPU seconds of every process that ended during the
+run, summed by command name, containers' processes included (`--cpu-by-command`).
+
 Debian's packages are not removed by --cold (apt-get remove would touch the machine beyond this
 project): time `apt-get install` of scripts/test's list on a new machine for that phase.
 Results are merged into bench/results/ci.json by label (warm, cold).
@@ -90,6 +95,31 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cold", action="store_true")
     parser.add_argument("--log", type=Path, help="parse this .ci/run output instead of running it")
     parser.add_argument("--label", help="the result's label (default: cold or warm)")
+    parser.add_argument("--cpu-by-command", action="store_true",
+                        help="record CPU seconds by command name with the kernel's process accounting (root, acct)")
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine spent busy since boot (every state of /proc/stat's cpu line but idle
+    and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_command(pacct: Path, top: int = 25) -> list[dict]:
+    """The `top` commands by CPU, from a process accounting file. `sa -a --separate-times` lines: processes,
+    real minutes ("re"), user and system CPU minutes ("u", "s"), ..., the command (-a: none lumped)."""
+    out = subprocess.run(["sa", "-a", "--separate-times", str(pacct)], capture_output=True, text=True,
+                         check=False).stdout
+    rows = []
+    for line in out.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 5 or not parts[0].isdigit():
+            continue
+        numbers = [p for p in parts if p.endswith(("re", "u", "s", "cp"))]
+        cpu = sum(float(p[:-1]) for p in numbers if p[-1:] in ("u", "s") and p[:-1].replace(".", "").isdigit())
+        rows.append({"command": parts[-1], "processes": int(parts[0]), "cpu_minutes": round(cpu, 2)})
+    return sorted(rows, key=lambda r: -r["cpu_minutes"])[:top]
 
 
 def main() -> None:
@@ -113,12 +143,22 @@ def main() -> None:
             shared = Path(tmp) / "shared"
             shared.symlink_to(REPO.parent / "shared")
             junit = Path(tmp) / "junit.xml"
+            pacct = Path(tmp) / "pacct"
+            if args.cpu_by_command:
+                pacct.touch()
+                subprocess.run(["accton", str(pacct)], check=True)
+            busy_before = busy_cpu_seconds()
             started = time.monotonic()
             # PYTEST_ADDOPTS: the run's own command line (and its printed output) stay as CI's.
             proc = subprocess.run(["bash", ".ci/run"], cwd=clone, stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, env={**os.environ, "CI": "true", "PYTEST_ADDOPTS": f"--junitxml={junit}"},
                                   check=False)
             entry["whole_command_seconds"] = round(time.monotonic() - started, 1)
+            entry["busy_cpu_seconds"] = round(busy_cpu_seconds() - busy_before, 1)
+            entry["cpu_seconds_two_cores_give"] = round(2 * entry["whole_command_seconds"], 1)
+            if args.cpu_by_command:
+                subprocess.run(["accton", "off"], check=True)
+                entry["cpu_by_command"] = cpu_by_command(pacct)
             text = proc.stdout + proc.stderr
             # The clone's commit: the repository's own may have moved on while the run went.
             commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=clone, text=True).strip()
