@@ -335,6 +335,18 @@ def _descendants(pid: int, name: str) -> list:
             if p.name() == name and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _command_lines(pid: int) -> list[str]:
+    import psutil  # Ray's own copy, on the path once ray is imported
+
+    lines = []
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            lines.append(" ".join(proc.cmdline()))
+        except psutil.Error:
+            pass  # ended meanwhile
+    return lines
+
+
 def test_a_node_whose_raylet_aborts_is_cleaned_up_and_started_again_leaving_other_nodes_alone(tmp_path):
     """A Ray node's start that fails (here its raylet's port is taken, so the raylet aborts at once, as it
     did when its agents were slow) is noticed at once, its processes are stopped, and the node starts
@@ -404,7 +416,7 @@ def test_a_node_whose_agents_are_slower_than_the_raylets_fixed_wait_starts_and_r
     temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/tmp"))  # short: socket paths live under it
     port = _free_port()
     log = tmp_path / "node.log"
-    node = subprocess.Popen([*RAY_START, "--head", f"--port={port}", "--block", "--num-cpus=1",
+    node = subprocess.Popen([*RAY_START, "--head", f"--port={port}", "--block", "--num-cpus=1", "--no-monitor",
                              "--include-dashboard=false", "--object-store-memory=100000000",
                              "--node-ip-address=127.0.0.1", "--disable-usage-stats", *_own_node_flags(0, temp_root)],
                             env=env, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -414,6 +426,10 @@ def test_a_node_whose_agents_are_slower_than_the_raylets_fixed_wait_starts_and_r
         assert node.poll() is None and "failed to start" not in text, text[-3000:]
         held = sorted(p.name for p in gate.glob("held-*"))
         assert len(held) == 2, f"both agents were started and are held: {held}"
+        # A head as the operator starts it: no dashboard API server (no dashboard asked for), no autoscaler.
+        started = _command_lines(node.pid)
+        assert any("raylet" in c for c in started), started
+        assert not [c for c in started if "dashboard/dashboard.py" in c or "autoscaler" in c], started
         (gate / "open").touch()
         driver = ("import ray\n"
                   f"ray.init(address='127.0.0.1:{port}')\n"

@@ -93,6 +93,7 @@ def test_head_pod_runs_ray_head_without_cpus_and_names_its_ports(job):
     assert "--port=6379" in container["command"] and "--block" in container["command"]
     assert "--num-cpus=0" in container["command"]  # no rollout work on the head
     assert "--include-dashboard=false" in container["command"]  # its agents are minimal (ray_node)
+    assert "--no-monitor" in container["command"]  # the operator sizes the cluster, not Ray's autoscaler
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "gcs": 6379, "raylet": 6380, "client": 10001}
     assert "--node-manager-port=6380" in container["command"]

@@ -218,6 +218,9 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
         f"--port={names.GCS_PORT}",
         f"--node-manager-port={names.HEAD_RAYLET_PORT}",
         "--include-dashboard=false",
+        # Ray's autoscaler monitor: the operator, not Ray, sizes the job's cluster (a process and a GCS poll
+        # every few seconds saved on every head).
+        "--no-monitor",
         f"--ray-client-server-port={names.CLIENT_PORT}",
         "--num-cpus=0",
         "--disable-usage-stats",

@@ -15,6 +15,8 @@ backoffLimit restart. So:
   agents' command lines;
 - the agents' port files are written before the raylet starts (`ports_known_first`): under more load (a
   test suite, load 15-20 on two cores) even the minimal agents missed the 15 s, every start of a node;
+- a head asked for no dashboard starts no dashboard API server either (Ray starts one regardless), and
+  the operator's heads start no autoscaler monitor (`--no-monitor`: the operator sizes the cluster);
 - the node's registration is polled in the GCS's node table, and a node not there after `REGISTER_S` is a
   failed start (`polling_get_node`), instead of one call that waited minutes;
 - a failed start (the node never came up: Ray raised while starting it) is cleaned up (every process
@@ -198,6 +200,16 @@ def _patch_ray() -> None:
     services.get_node = polling_get_node(services.get_node, services._get_gcs_client_options,
                                          wait_s=REGISTER_S, fail=True)
     ray_node.Node.start_raylet = ports_known_first(ray_node.Node.start_raylet)
+    start_api_server = ray_node.Node.start_api_server
+
+    def api_server_with_the_dashboard(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # A head started with --include-dashboard=false still starts the dashboard's API server process
+        # (Ray's state and job-submission APIs), seconds of CPU on every head: no KubeRL part calls it.
+        if self._ray_params.include_dashboard is False:
+            return None
+        return start_api_server(self, *args, **kwargs)
+
+    ray_node.Node.start_api_server = api_server_with_the_dashboard
     start_node = ray_node.Node.__init__
 
     def node_init(self: Any, *args: Any, **kwargs: Any) -> None:
