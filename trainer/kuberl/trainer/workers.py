@@ -30,6 +30,7 @@ from kuberl.trainer.ray_node import (
     polling_get_node,
     ports_known_first,
     wait_for,
+    without_dashboard_agent,
 )
 from kuberl.trainer.rollout import RolloutWorker
 
@@ -108,7 +109,8 @@ def _lean_local_head():
       waits for it to come up, even with include_dashboard=False) and the autoscaler monitor;
     - with the node agent in Ray's minimal mode (what Ray runs where the dashboard's dependencies are
       not installed), so that the check for those dependencies does not import aiohttp here, and with
-      the agents' port files written before the raylet waits 15 s for them (`ports_known_first`);
+      the agents' port files written before the raylet waits 15 s for them (`ports_known_first`) and no
+      dashboard agent, which does nothing in minimal mode (`without_dashboard_agent`);
     - asking the GCS every 20 ms whether the raylet has registered, where ray.init asks once a second;
     - with the connection retries of `_FAST_CONNECT_RETRIES`.
     `ray start` heads (clusters) keep all of Ray's defaults; KUBERL_RAY_FULL_HEAD=1 keeps them here too.
@@ -141,6 +143,8 @@ def _lean_local_head():
     patch(ray_utils, "get_dashboard_dependency_error", minimal_agents)
     if hasattr(ray_node.Node, "start_raylet"):
         patch(ray_node.Node, "start_raylet", ports_known_first(ray_node.Node.start_raylet))
+    if hasattr(services, "start_ray_process"):
+        patch(services, "start_ray_process", without_dashboard_agent(services.start_ray_process))
     if hasattr(services, "get_node") and hasattr(services, "_get_gcs_client_options"):
         # Up to REGISTER_S (a pod's Ray node's wait) for the raylet to register (sooner once it is there, or
         # once it exited):
