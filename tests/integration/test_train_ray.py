@@ -432,7 +432,7 @@ def test_a_node_whose_agents_are_slower_than_the_raylets_fixed_wait_starts_and_r
         # A head as the operator starts it: no dashboard API server (no dashboard asked for), no autoscaler,
         # and in the dashboard agent's place the stand-in.
         started = _command_lines(node.pid)
-        assert any("raylet" in c for c in started) and any("os.getppid() == parent" in c for c in started), started
+        assert any("raylet" in c for c in started) and any("os.getppid() == raylet" in c for c in started), started
         assert not [c for c in started if "dashboard/" in c or "autoscaler" in c], started
         (gate / "open").touch()
         driver = ("import ray\n"

@@ -194,9 +194,12 @@ def ports_known_first(start_raylet: Callable[..., Any]) -> Callable[..., Any]:
 
 
 #: What the raylet starts in place of Ray's dashboard agent (`without_dashboard_agent`): a process that lives
-#: while its parent, the raylet, does (the raylet fate-shares with its agents) and does nothing else. No
-#: imports beyond Python's own (-S: not even site), so it starts in milliseconds.
-AGENT_STAND_IN = "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(1)\n"
+#: while its parent, the raylet, does (the raylet fate-shares with its agents) and does nothing else. The
+#: raylet gives its agents its pid (RAY_RAYLET_PID, what Ray's own agents watch): a raylet gone before the
+#: stand-in looked leaves it reparented, so it exits at once. No imports beyond Python's own (-S: not even
+#: site), so it starts in milliseconds.
+AGENT_STAND_IN = ("import os, time\nraylet = int(os.environ.get('RAY_RAYLET_PID') or os.getppid())\n"
+                  "while os.getppid() == raylet:\n    time.sleep(1)\n")
 
 
 def without_dashboard_agent(start_ray_process: Callable[..., Any]) -> Callable[..., Any]:
