@@ -225,16 +225,28 @@ def without_dashboard_agent(start_ray_process: Callable[..., Any]) -> Callable[.
     return start
 
 
-def _patch_ray() -> None:
+def lean_node_patches() -> list[tuple[Any, str, Any]]:
+    """(owner, name, replacement) for what every KubeRL Ray node starts with, a pod's (`_patch_ray`) and the
+    embedded one (kuberl.trainer.workers): minimal agents, their port files first, no dashboard agent. A part
+    missing from this Ray is left out."""
     from ray._private import node as ray_node
     from ray._private import services
     from ray._private import utils as ray_utils
 
-    ray_utils.get_dashboard_dependency_error = minimal_agents
+    wanted = [(ray_utils, "get_dashboard_dependency_error", lambda _: minimal_agents),
+              (ray_node.Node, "start_raylet", ports_known_first),
+              (services, "start_ray_process", without_dashboard_agent)]
+    return [(owner, name, wrap(getattr(owner, name))) for owner, name, wrap in wanted if hasattr(owner, name)]
+
+
+def _patch_ray() -> None:
+    from ray._private import node as ray_node
+    from ray._private import services
+
+    for owner, name, replacement in lean_node_patches():
+        setattr(owner, name, replacement)
     services.get_node = polling_get_node(services.get_node, services._get_gcs_client_options,
                                          wait_s=REGISTER_S, fail=True)
-    ray_node.Node.start_raylet = ports_known_first(ray_node.Node.start_raylet)
-    services.start_ray_process = without_dashboard_agent(services.start_ray_process)
     start_api_server = ray_node.Node.start_api_server
 
     def api_server_with_the_dashboard(self: Any, *args: Any, **kwargs: Any) -> Any:

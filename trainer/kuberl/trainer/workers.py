@@ -26,11 +26,9 @@ from kuberl.api.threads import THREAD_ENV
 from kuberl.trainer.ray_node import (
     REGISTER_S,
     host_and_port,
-    minimal_agents,
+    lean_node_patches,
     polling_get_node,
-    ports_known_first,
     wait_for,
-    without_dashboard_agent,
 )
 from kuberl.trainer.rollout import RolloutWorker
 
@@ -118,7 +116,6 @@ def _lean_local_head():
     and leaves out each part where Ray looks different."""
     from ray._private import node as ray_node
     from ray._private import parameter, services
-    from ray._private import utils as ray_utils
 
     if os.environ.get("KUBERL_RAY_FULL_HEAD") == "1":
         yield
@@ -140,15 +137,11 @@ def _lean_local_head():
 
         patch(parameter.RayParams, "__init__", lean_params)
     patch(ray_node.Node, "start_api_server", lambda self, **_: None)
-    patch(ray_utils, "get_dashboard_dependency_error", minimal_agents)
-    if hasattr(ray_node.Node, "start_raylet"):
-        patch(ray_node.Node, "start_raylet", ports_known_first(ray_node.Node.start_raylet))
-    if hasattr(services, "start_ray_process"):
-        patch(services, "start_ray_process", without_dashboard_agent(services.start_ray_process))
+    for owner, name, replacement in lean_node_patches():
+        patch(owner, name, replacement)
     if hasattr(services, "get_node") and hasattr(services, "_get_gcs_client_options"):
-        # Up to REGISTER_S (a pod's Ray node's wait) for the raylet to register (sooner once it is there, or
-        # once it exited):
-        # Ray's own loop gives it 30 s, and on a loaded machine (the test suite) a raylet
+        # Up to REGISTER_S (a pod's Ray node's wait) for the raylet to register, sooner once it is there or
+        # once it exited: Ray's own loop gives it 30 s, and on a loaded machine (the test suite) a raylet
         # registered later than that and `kuberl sweep` failed "timed out during startup".
         patch(services, "get_node", polling_get_node(services.get_node, services._get_gcs_client_options,
                                                      wait_s=REGISTER_S))
