@@ -2,9 +2,10 @@
 phase that scripts/test prints (system packages, venv, images, tests) and of the whole command.
 
     .venv/bin/python bench/bench_ci.py                  # warm: this machine's caches as they are
-    .venv/bin/python bench/bench_ci.py --cold           # first removes what a new machine lacks and this
-                                                        # repository made: the wheel cache, pip's cache,
-                                                        # the images (base included)
+    .venv/bin/python bench/bench_ci.py --cold           # first takes away what a new machine lacks and this
+                                                        # repository made: its whole cache (the control
+                                                        # plane, Kueue and Go builds, the wheels), pip's
+                                                        # cache, the images (base included)
     .venv/bin/python bench/bench_ci.py --log ci.log --label warm   # record a run already made
                                                         # (`bash .ci/run > ci.log 2>&1` in a fresh clone)
 
@@ -77,18 +78,46 @@ def module_seconds(junit: Path) -> dict[str, float]:
     return {module: round(sec, 1) for module, sec in sorted(sums.items(), key=lambda kv: -kv[1])}
 
 
+def cache_dir() -> Path:
+    return Path(os.environ.get("KUBERL_CACHE",
+                               Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kuberl"))
+
+
 def make_cold() -> list[str]:
-    """Remove what a new machine would not have and this project's scripts make or fetch."""
+    """Take away what a new machine would not have and this project's scripts make or fetch: the whole
+    KubeRL cache (the control plane and Kueue builds, Go's module and build caches, the wheels, helm,
+    checkov, mypy's cache) is moved aside, to be put back if the run fails; pip's cache and every image go."""
     removed = []
-    cache = Path(os.environ.get("KUBERL_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kuberl"))
-    for path in (cache / "wheels", Path.home() / ".cache" / "pip"):
-        if path.exists():
-            shutil.rmtree(path)
-            removed.append(str(path))
+    cache = cache_dir()
+    if cache.exists():
+        aside = cache.with_name(cache.name + ".before-cold")
+        if aside.exists():
+            raise SystemExit(f"{aside} is there from a cold run before: put it back or remove it first")
+        cache.rename(aside)
+        removed.append(f"{cache} (moved aside, to {aside})")
+    pip_cache = Path.home() / ".cache" / "pip"
+    if pip_cache.exists():
+        shutil.rmtree(pip_cache)
+        removed.append(str(pip_cache))
     subprocess.run(["podman", "rmi", "--all", "--force"], capture_output=True, check=False)
     subprocess.run(["podman", "image", "prune", "--all", "--force"], capture_output=True, check=False)
     removed.append("podman images (all)")
     return removed
+
+
+def after_cold(passed: bool) -> None:
+    """A cold run that passed leaves the caches it built; one that failed gets the ones from before back
+    (its own kept beside them, for a look)."""
+    cache = cache_dir()
+    aside = cache.with_name(cache.name + ".before-cold")
+    if not aside.exists():
+        return
+    if passed:
+        shutil.rmtree(aside)
+        return
+    if cache.exists():
+        cache.rename(cache.with_name(cache.name + ".cold-failed"))
+    aside.rename(cache)
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,6 +200,8 @@ def main() -> None:
                 entry["module_seconds"] = module_seconds(junit)
             # what the run left on the disk (its clone's venv included, removed just after)
             entry["disk_gb_added"] = round((shutil.disk_usage("/").used - used_before) / 1e9, 1)
+        if args.cold:
+            after_cold(proc.returncode == 0)
     entry.update(parse(text))
     entry["load_average_after"] = load_average()
     kind = "cold" if "cold" in label else "warm"
