@@ -91,7 +91,8 @@ def test_discrete_only_algorithm_on_continuous_actions(job_dict):
     (p,) = _problems(job_dict)
     assert p.path == "spec.algorithm.name"
     assert "DQN cannot act in Pendulum-v1's Box action space" in p.message
-    assert "supports Discrete" in p.message
+    assert "(DQN acts in Discrete)" in p.message
+    assert p.message.endswith("choose one that can: PPO, SAC, TD3")
 
 
 def test_yaml_syntax_error_reports_the_line(tmp_path):
@@ -171,7 +172,7 @@ def test_crd_shape_and_schema_validity():
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     replicas = spec["properties"]["rolloutWorkers"]["properties"]["replicas"]
     assert replicas["minimum"] == 1 and replicas["default"] == 2 and replicas["description"]
-    assert spec["properties"]["algorithm"]["properties"]["name"]["enum"] == ["PPO", "DQN", "BDQ", "QLearning"]
+    assert spec["properties"]["algorithm"]["properties"]["name"]["enum"] == ["PPO", "DQN", "BDQ", "QLearning", "SAC", "TD3"]
 
 
 def test_every_spec_field_is_described():

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
-from kuberl.api.load import load_job_file
+from kuberl.api.load import parse_job
 from kuberl.trainer.algorithms import algorithm_for
 from kuberl.trainer.checkpoint import save_checkpoint
 from kuberl.trainer.rollout import make_env
@@ -26,10 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 N_STATES = 1_000
 
 
-def make_run(example: str, run_dir: Path, iteration: int = 3):
+def make_run(example: str, run_dir: Path, iteration: int = 3, algorithm: str | None = None):
     """A run directory as `kuberl train` leaves it (job.yaml + checkpoints/ckpt-*.pt, the learner's state
-    layout), from the example's job with weights drawn at random so greedy actions vary by state."""
-    job = load_job_file(ROOT / "examples" / f"{example}.yaml")
+    layout), from the example's job (its algorithm swapped for `algorithm` where given) with weights drawn
+    at random so greedy actions vary by state."""
+    manifest = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+    if algorithm:
+        manifest["spec"]["algorithm"] = {"name": algorithm}
+    job = parse_job(manifest)
     spec = job.spec
     env = make_env(spec.environment.id, spec.environment.kwargs, spec.environment.max_episode_steps)
     info = space_info(env.observation_space, env.action_space)
@@ -39,7 +43,8 @@ def make_run(example: str, run_dir: Path, iteration: int = 3):
         algo.table = np.random.default_rng(iteration).normal(size=algo.table.shape)
     else:
         with torch.no_grad():
-            for p in (algo.net if hasattr(algo, "net") else algo.q).parameters():
+            trained = next(getattr(algo, name) for name in ("net", "q", "actor") if hasattr(algo, name))
+            for p in trained.parameters():
                 p.normal_(0.0, 0.5)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "job.yaml").write_text(yaml.safe_dump(job.manifest(), sort_keys=False))
@@ -113,6 +118,26 @@ def test_exported_policy_picks_the_trainers_greedy_actions_on_1000_states(exampl
     manifest = json.loads((artifact / "policy.json").read_text())
     assert manifest["algorithm"] == algorithm and manifest["checkpoint"]["file"] == "ckpt-000000003.pt"
     assert (manifest["action_mask"] is not None) == (example == "tictactoe-dqn")
+
+
+@pytest.mark.parametrize("algorithm", ["SAC", "TD3"])
+def test_an_exported_continuous_policy_acts_as_the_trainers_actor_on_1000_states(algorithm, tmp_path):
+    algo, env = make_run("pendulum-sac", tmp_path / "run", algorithm=algorithm)
+    artifact = export(tmp_path / "run", fmt="torchscript")
+    policy = ExportedPolicy.load(artifact)
+    raw = sample_states(env, N_STATES, seed=1)
+    obs = flatten_obs(env.observation_space, raw, N_STATES)
+    with torch.no_grad():  # the trainer's actor, its mode written out here: tanh of the mean, on [-2, 2]
+        x = torch.as_tensor(obs)
+        expected = (torch.tanh(algo.actor(x)[0]) * 2.0 if algorithm == "SAC" else algo.actor(x)).numpy()
+    assert expected.shape == (N_STATES, 1) and np.ptp(expected) > 0.5
+    served = policy.act(policy.encode({"observation": raw}, N_STATES), None)
+    # float32 sums over 256-wide layers of N(0, 0.5) weights (pre-activations in the tens) round apart
+    # between numpy and torch by up to ~1e-4; a wrong scale, offset or head is off by far more.
+    np.testing.assert_allclose(served, expected, rtol=1e-3, atol=1e-3)
+    graph = torch.jit.load(str(artifact / "policy.pt"))
+    np.testing.assert_allclose(graph(torch.as_tensor(obs)).detach().numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert json.loads((artifact / "policy.json").read_text())["algorithm"] == algorithm
 
 
 def test_onnx_export_matches_on_1000_states(tmp_path):

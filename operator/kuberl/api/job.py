@@ -163,6 +163,8 @@ class AlgorithmName(str, enum.Enum):
     DQN = "DQN"
     BDQ = "BDQ"
     QLEARNING = "QLearning"
+    SAC = "SAC"
+    TD3 = "TD3"
 
 
 #: What each algorithm can act in. The semantic check compares this with the env's action space.
@@ -171,7 +173,14 @@ ACTION_SPACES_SUPPORTED: dict[AlgorithmName, tuple[str, ...]] = {
     AlgorithmName.DQN: ("Discrete",),
     AlgorithmName.BDQ: ("MultiDiscrete", "Discrete"),
     AlgorithmName.QLEARNING: ("Discrete",),
+    AlgorithmName.SAC: ("Box",),
+    AlgorithmName.TD3: ("Box",),
 }
+
+
+def algorithms_acting_in(action_kind: str) -> list[str]:
+    """The algorithms that can act in an action space of this kind, in the table's order."""
+    return [name.value for name, kinds in ACTION_SPACES_SUPPORTED.items() if action_kind in kinds]
 
 
 class NetworkSpec(_Model):
@@ -280,6 +289,73 @@ class BDQConfig(DQNConfig):
         default=None,
         description="Preference-alignment head on the shared trunk, trained from ranked segment pairs "
         "(README: Preference alignment). Unset: no head.",
+    )
+
+
+class ContinuousReplayConfig(_Model):
+    """What SAC and TD3 share: a replay buffer, twin Q-networks on (observation, action), Polyak target
+    updates. Defaults are CleanRL's (cleanrl/sac_continuous_action.py lines 45-52 and
+    cleanrl/td3_continuous_action.py lines 53-60, commit 004f8a0), the settings its MuJoCo results used."""
+
+    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
+    buffer_size: int = Field(
+        default=1_000_000, ge=64, le=50_000_000, description="Replay buffer capacity in transitions."
+    )
+    batch_size: int = Field(default=256, ge=1, le=65_536, description="Transitions per gradient update.")
+    train_frequency: int = Field(
+        default=1, ge=1, description="Env steps (summed over all envs) per gradient update."
+    )
+    gradient_steps: int = Field(default=1, ge=1, le=1000, description="Gradient updates per train call.")
+    tau: float = Field(default=0.005, gt=0, le=1, description="Polyak coefficient for the target networks.")
+    network: NetworkSpec = Field(
+        default_factory=lambda: NetworkSpec(hidden_sizes=[256, 256], activation="relu"),
+        description="Actor and Q-network MLP shape.",
+    )
+
+
+class SACConfig(ContinuousReplayConfig):
+    """Soft Actor-Critic: a tanh-squashed Gaussian actor, twin soft Q-networks and automatic entropy
+    tuning. Defaults: CleanRL, cleanrl/sac_continuous_action.py lines 53-65 (commit 004f8a0)."""
+
+    learning_starts: int = Field(
+        default=5_000, ge=0, description="Env steps of uniformly random actions before the first update."
+    )
+    policy_learning_rate: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate of the actor.")
+    q_learning_rate: float = Field(
+        default=1e-3, gt=0, le=1, description="Adam learning rate of the Q-networks and the entropy coefficient."
+    )
+    alpha: float = Field(
+        default=0.2, gt=0, le=100,
+        description="Entropy coefficient when autotuneAlpha is off (tuning starts from 1, as CleanRL's does).",
+    )
+    autotune_alpha: bool = Field(
+        default=True, description="Tune the entropy coefficient towards targetEntropy (Haarnoja et al. 2018b)."
+    )
+    target_entropy: float | None = Field(
+        default=None, ge=-1000, le=1000, description="Entropy the tuning aims at; unset: minus the action dimension."
+    )
+
+
+class TD3Config(ContinuousReplayConfig):
+    """Twin Delayed DDPG: a deterministic actor with Gaussian exploration noise, clipped double Q,
+    target policy smoothing and delayed actor updates. Defaults: CleanRL,
+    cleanrl/td3_continuous_action.py lines 49-70 (commit 004f8a0)."""
+
+    learning_starts: int = Field(
+        default=25_000, ge=0, description="Env steps of uniformly random actions before the first update."
+    )
+    learning_rate: float = Field(default=3e-4, gt=0, le=1, description="Adam learning rate of actor and critics.")
+    exploration_noise: float = Field(
+        default=0.1, ge=0, le=10, description="Std of the acting noise, in units of half the action range."
+    )
+    policy_noise: float = Field(
+        default=0.2, ge=0, le=10, description="Std of the target policy smoothing noise, in half action ranges."
+    )
+    noise_clip: float = Field(
+        default=0.5, ge=0, le=10, description="The smoothing noise is clipped to +-this (in half action ranges)."
+    )
+    policy_delay: int = Field(
+        default=2, ge=1, le=100, description="Critic updates per actor (and target) update."
     )
 
 
@@ -396,6 +472,9 @@ class QLearningConfig(_Model):
         return v
 
 
+Hyperparameters = PPOConfig | DQNConfig | BDQConfig | QLearningConfig | SACConfig | TD3Config
+
+
 class AlgorithmSpec(_Model):
     name: AlgorithmName = Field(description="Learning algorithm.")
     ppo: PPOConfig = Field(default_factory=PPOConfig, description="PPO hyperparameters (used when name=PPO).")
@@ -404,13 +483,17 @@ class AlgorithmSpec(_Model):
     q_learning: QLearningConfig = Field(
         default_factory=QLearningConfig, description="Tabular Q-learning hyperparameters (name=QLearning)."
     )
+    sac: SACConfig = Field(default_factory=SACConfig, description="SAC hyperparameters (used when name=SAC).")
+    td3: TD3Config = Field(default_factory=TD3Config, description="TD3 hyperparameters (used when name=TD3).")
 
-    def hyperparameters(self) -> PPOConfig | DQNConfig | BDQConfig | QLearningConfig:
-        by_name: dict[AlgorithmName, PPOConfig | DQNConfig | BDQConfig | QLearningConfig] = {
+    def hyperparameters(self) -> Hyperparameters:
+        by_name: dict[AlgorithmName, Hyperparameters] = {
             AlgorithmName.PPO: self.ppo,
             AlgorithmName.DQN: self.dqn,
             AlgorithmName.BDQ: self.bdq,
             AlgorithmName.QLEARNING: self.q_learning,
+            AlgorithmName.SAC: self.sac,
+            AlgorithmName.TD3: self.td3,
         }
         return by_name[self.name]
 

@@ -16,7 +16,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from kuberl.api.job import ACTION_SPACES_SUPPORTED, AlgorithmName, RLTrainingJobSpec
+from kuberl.api.job import ACTION_SPACES_SUPPORTED, AlgorithmName, RLTrainingJobSpec, algorithms_acting_in
 from kuberl.api.problems import Problem
 
 #: gymnasium's id syntax `module:Env-vN` and KubeRL's `module:Class` both name code to import.
@@ -120,9 +120,9 @@ def check_spaces(spec: RLTrainingJobSpec, action: SpaceInfo, observation: SpaceI
     if action.kind not in allowed:
         problems.append(Problem(
             "spec.algorithm.name",
-            f"{algorithm.value} cannot act in {env_id}'s {action.kind} action space; "
-            f"{algorithm.value} supports {', '.join(allowed)}"
-            + ("; PPO supports Box (continuous) actions" if action.kind == "Box" else ""),
+            f"{algorithm.value} cannot act in {env_id}'s {action.kind} action space "
+            f"({algorithm.value} acts in {', '.join(allowed)}); "
+            f"choose one that can: {', '.join(algorithms_acting_in(action.kind)) or 'none does'}",
             algorithm.value,
         ))
     if algorithm == AlgorithmName.QLEARNING:

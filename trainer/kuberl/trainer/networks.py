@@ -1,5 +1,6 @@
-"""PyTorch networks the learner trains: PPO's actor-critic, DQN's Q-network and BDQ's branching
-Q-network. Parameter names match their numpy twins in `policies/` exactly."""
+"""PyTorch networks the learner trains: PPO's actor-critic, DQN's Q-network, BDQ's branching
+Q-network, and the actors and twin Q-networks of SAC and TD3. Parameter names match their numpy
+twins in `policies/` exactly."""
 
 from __future__ import annotations
 
@@ -57,12 +58,14 @@ def categorical_logp_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tup
 class MLP(nn.Module):
     """Linear layers named `0..n-1` with the activation between (and after the last when final_act)."""
 
-    def __init__(self, sizes: list[int], activation: str, final_act: bool = False, last_std: float | None = None):
+    def __init__(self, sizes: list[int], activation: str, final_act: bool = False, last_std: float | None = None,
+                 orthogonal: bool = True):
         super().__init__()
         self.layers = nn.ModuleList()
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
             std = last_std if (last_std is not None and i == len(sizes) - 2) else float(np.sqrt(2))
-            self.layers.append(_layer_init(nn.Linear(a, b), std))
+            # orthogonal=False keeps torch's default init, what SAC's and TD3's published code uses
+            self.layers.append(_layer_init(nn.Linear(a, b), std) if orthogonal else nn.Linear(a, b))
         self.act = _activation(activation)
         self.final_act = final_act
 
@@ -139,6 +142,74 @@ class QNetwork(nn.Module):
             return self.q(h)
         adv = self.advantage(h)
         return self.value(h) + adv - adv.mean(dim=-1, keepdim=True)
+
+
+# ---- SAC and TD3: continuous actions in a bounded Box -----------------------------------------------
+
+#: SAC's log std range, the squashed Gaussian's (CleanRL's sac_continuous_action.py, after SpinUp).
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def action_scale_bias(info: SpaceInfo, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half the action range and its middle: tanh's [-1, 1] mapped onto the Box."""
+    low = torch.tensor(info.action_low, dtype=torch.float32, device=device)
+    high = torch.tensor(info.action_high, dtype=torch.float32, device=device)
+    return (high - low) / 2.0, (high + low) / 2.0
+
+
+class TwinQ(nn.Module):
+    """Two independent Q(s, a) MLPs on the observation and action side by side (clipped double Q)."""
+
+    def __init__(self, info: SpaceInfo, hidden: list[int], activation: str):
+        super().__init__()
+        sizes = [info.obs_dim + int(np.prod(info.action_dims)), *hidden, 1]
+        self.q1 = MLP(sizes, activation, orthogonal=False)
+        self.q2 = MLP(sizes, activation, orthogonal=False)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs, actions], dim=1)
+        return self.q1(x).squeeze(1), self.q2(x).squeeze(1)
+
+
+class SquashedGaussianActor(nn.Module):
+    """SAC's actor: a Gaussian over pre-tanh actions, tanh-squashed and scaled onto the Box."""
+
+    def __init__(self, info: SpaceInfo, hidden: list[int], activation: str, device: torch.device):
+        super().__init__()
+        n = int(np.prod(info.action_dims))
+        self.trunk = MLP([info.obs_dim, *hidden], activation, final_act=True, orthogonal=False)
+        self.mean = nn.Linear(hidden[-1], n)
+        self.log_std = nn.Linear(hidden[-1], n)
+        self.scale, self.bias = action_scale_bias(info, device)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(obs)
+        log_std = torch.tanh(self.log_std(h))
+        return self.mean(h), LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1.0)
+
+    def sample(self, obs: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised action in the Box and its log-density there (the tanh and the scaling's
+        Jacobians included: log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), exact where tanh
+        saturates)."""
+        mean, log_std = self(obs)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        u = mean + log_std.exp() * noise
+        gaussian = -0.5 * noise.pow(2) - log_std - 0.5 * float(np.log(2 * np.pi))
+        squash = 2.0 * (float(np.log(2.0)) - u - nn.functional.softplus(-2.0 * u))
+        logp = (gaussian - squash - torch.log(self.scale)).sum(1)
+        return torch.tanh(u) * self.scale + self.bias, logp
+
+
+class DeterministicActor(nn.Module):
+    """TD3's actor: tanh of an MLP, scaled onto the Box."""
+
+    def __init__(self, info: SpaceInfo, hidden: list[int], activation: str, device: torch.device):
+        super().__init__()
+        self.mu = MLP([info.obs_dim, *hidden, int(np.prod(info.action_dims))], activation, orthogonal=False)
+        self.scale, self.bias = action_scale_bias(info, device)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mu(obs)) * self.scale + self.bias
 
 
 # ---- BDQ: the Branching Dueling Q-Network (Tavakoli et al., 2018) ---------------------------------

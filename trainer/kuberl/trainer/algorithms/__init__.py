@@ -14,6 +14,8 @@ from kuberl.trainer.algorithms.bdq import BDQ
 from kuberl.trainer.algorithms.dqn import DQN
 from kuberl.trainer.algorithms.ppo import PPO
 from kuberl.trainer.algorithms.qlearning import QLearning
+from kuberl.trainer.algorithms.sac import SAC
+from kuberl.trainer.algorithms.td3 import TD3
 from kuberl.trainer.spaces import SpaceInfo
 
 ALGORITHMS: dict[AlgorithmName, type[Algorithm]] = {
@@ -21,6 +23,8 @@ ALGORITHMS: dict[AlgorithmName, type[Algorithm]] = {
     AlgorithmName.DQN: DQN,
     AlgorithmName.BDQ: BDQ,
     AlgorithmName.QLEARNING: QLearning,
+    AlgorithmName.SAC: SAC,
+    AlgorithmName.TD3: TD3,
 }
 
 

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from kuberl.api.job import DQNConfig
-from kuberl.trainer.algorithms.base import Algorithm, LearnStats, linear_schedule, make_adam
+from kuberl.trainer.algorithms.base import linear_schedule, make_adam
+from kuberl.trainer.algorithms.replay import ReplayAlgorithm
 from kuberl.trainer.buffers import ReplayBuffer
 from kuberl.trainer.networks import QNetwork, numpy_params
 
@@ -40,9 +41,8 @@ def td_targets(q_online_next: torch.Tensor, q_target_next: torch.Tensor, rewards
     return rewards + discounts * next_value
 
 
-class DQN(Algorithm):
+class DQN(ReplayAlgorithm):
     name = "DQN"
-    on_policy = False
 
     def __init__(self, cfg: DQNConfig, info, device, seed, total_env_steps):
         super().__init__(cfg, info, device, seed, total_env_steps)
@@ -54,8 +54,6 @@ class DQN(Algorithm):
         self.q_target.requires_grad_(False)
         self.optimizer = make_adam([*self.q.parameters(), *self.aux_parameters()], device, lr=cfg.learning_rate)
         self.buffer = self._make_buffer(info, device)
-        self._steps_since_train = 0
-        self._held_back = 0  # updates owed but held back by async collection's staleness bound
 
     def _make_network(self, info, hidden, act):
         return QNetwork(info, hidden, act, self.cfg.dueling)
@@ -79,52 +77,8 @@ class DQN(Algorithm):
     def n_step(self) -> int:
         return self.cfg.n_step
 
-    def updates_due(self, new_env_steps: int, env_steps: int, buffer_size: int | None = None) -> int:
-        """Gradient updates owed for `new_env_steps` fresh steps (none before learningStarts, nor while a
-        replay shard (`buffer_size`, this learner's own by default) holds less than one batch)."""
-        buffer_size = self.buffer.size if buffer_size is None else buffer_size
-        if env_steps < self.cfg.learning_starts or buffer_size < self.cfg.batch_size:
-            return 0
-        self._steps_since_train += new_env_steps
-        calls, self._steps_since_train = divmod(self._steps_since_train, self.cfg.train_frequency)
-        return calls * self.cfg.gradient_steps
-
-    def learn(self, batches: list[dict[str, Any]], env_steps: int, max_updates: int | None = None) -> LearnStats:
-        new_steps = self.store(batches)
-        updates = self.updates_owed(new_steps, env_steps, max_updates)
-        return self.stats(self.apply_updates(updates), updates, env_steps)
-
-    # learn()'s three steps; data-parallel learners (`ddp.py`) run them on every rank, with the update
-    # count decided once, by rank 0, for all.
-    def store(self, batches: list[dict[str, Any]]) -> int:
-        """The batches into this learner's replay; returns their env steps."""
-        new_steps = 0
-        for b in batches:
-            self.buffer.add(b)
-            new_steps += int(b["env_steps"])
-        return new_steps
-
-    def updates_owed(self, new_steps: int, env_steps: int, max_updates: int | None = None,
-                     buffer_size: int | None = None) -> int:
-        """This call's gradient updates: those due plus those held back, capped by `max_updates`
-        (async collection's staleness bound); the rest stay owed, so trainFrequency holds."""
-        updates = self.updates_due(new_steps, env_steps, buffer_size) + self._held_back
-        self._held_back = 0
-        if max_updates is not None and updates > max_updates:
-            updates, self._held_back = max_updates, updates - max_updates
-        return updates
-
-    def apply_updates(self, updates: int) -> list[float]:
-        return [self.update() for _ in range(updates)]
-
-    def stats(self, losses: list[float], updates: int, env_steps: int) -> LearnStats:
-        return LearnStats(loss=float(np.mean(losses)) if losses else float("nan"), gradient_updates=updates,
-                          extra={"epsilon": self.exploration(env_steps), "buffer_size": float(self.buffer.size)})
-
-    @property
-    def updates_held_back(self) -> int:
-        """Updates the staleness bound (async collection) postponed; the next learn() applies them first."""
-        return self._held_back
+    def extra_stats(self, env_steps: int) -> dict[str, float]:
+        return {"epsilon": self.exploration(env_steps)}
 
     def q_values_taken(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return self.q(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)
@@ -171,16 +125,10 @@ class DQN(Algorithm):
 
     def state_dict(self) -> dict[str, Any]:
         return {"q": self.q.state_dict(), "q_target": self.q_target.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "gradient_updates": self.gradient_updates,
-                "generator": self.generator.get_state(), "buffer": self.buffer.state_dict(),
-                "steps_since_train": self._steps_since_train, "held_back": self._held_back}
+                "optimizer": self.optimizer.state_dict(), **self.replay_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
         self.q_target.load_state_dict(state["q_target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.gradient_updates = int(state["gradient_updates"])
-        self.generator.set_state(state["generator"])
-        self.buffer.load_state_dict(state["buffer"])
-        self._steps_since_train = int(state["steps_since_train"])
-        self._held_back = int(state.get("held_back", 0))  # a checkpoint without the count owes no updates
+        self.load_replay_state(state)

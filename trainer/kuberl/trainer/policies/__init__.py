@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.trainer.policies.actor_critic import ActorCriticPolicy
+from kuberl.trainer.policies.continuous import NoisyDeterministicPolicy, SquashedGaussianPolicy
 from kuberl.trainer.policies.q_network import BranchingQPolicy, QPolicy
 from kuberl.trainer.policies.tabular import TabularQPolicy
 from kuberl.trainer.spaces import SpaceInfo
@@ -21,6 +22,8 @@ POLICIES: dict[str, type] = {
     "dqn": QPolicy,
     "bdq": BranchingQPolicy,
     "tabular": TabularQPolicy,
+    "sac": SquashedGaussianPolicy,
+    "td3": NoisyDeterministicPolicy,
 }
 
 
@@ -32,4 +35,5 @@ def make_policy(info: SpaceInfo, cfg: dict[str, Any]):
     return POLICIES[kind].from_config(info, cfg)
 
 
-__all__ = ["POLICIES", "ActorCriticPolicy", "BranchingQPolicy", "QPolicy", "TabularQPolicy", "make_policy"]
+__all__ = ["POLICIES", "ActorCriticPolicy", "BranchingQPolicy", "NoisyDeterministicPolicy", "QPolicy",
+           "SquashedGaussianPolicy", "TabularQPolicy", "make_policy"]

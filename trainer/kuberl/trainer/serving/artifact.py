@@ -174,7 +174,6 @@ class ExportedPolicy:
         self.mask_size = manifest["action_mask"]["size"] if manifest.get("action_mask") else None
         self.policy = _make_policy(self.info, manifest["policy"])
         self.policy.load(weights)
-        self._rng = np.random.default_rng(0)  # never drawn from: greedy acting only
 
     @classmethod
     def load(cls, path: str | Path) -> ExportedPolicy:
@@ -213,10 +212,7 @@ class ExportedPolicy:
     def act(self, obs: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """Greedy actions for float32 [batch, obs_dim] rows: [batch] (Discrete), [batch, k]
         (MultiDiscrete), or float32 [batch, *shape] clipped to the bounds (Box)."""
-        if self.policy.kind == "ppo":
-            actions = self.policy.act(self._rng, obs, mask, deterministic=True)[0]
-        else:
-            actions = self.policy.act(self._rng, obs, mask, epsilon=0.0)
+        actions = self.policy.greedy(obs, mask)  # every policy's draw-free action
         if self.info.action_kind == "Box":
             shape = self.info.action_dims
             low = np.asarray(self.info.action_low, np.float32).reshape(shape)

@@ -173,6 +173,8 @@ def greedy_module(algo, masked: bool):
                 self.net = algo.net.actor
             elif kind in ("dqn", "bdq"):
                 self.net = algo.q
+            elif kind in ("sac", "td3"):
+                self.net = algo.actor
             else:
                 d = algo.discretise
                 self.register_buffer("table", torch.as_tensor(algo.table, dtype=torch.float32))
@@ -197,6 +199,10 @@ def greedy_module(algo, masked: bool):
                 return torch.minimum(torch.maximum(out.reshape(-1, *info.action_dims), low), high)
             if kind == "dqn":
                 return masked_argmax(self.net(obs), mask)
+            if kind == "sac":  # the squashed Gaussian's mode: tanh of its mean, on the Box
+                return torch.tanh(self.net(obs)[0]) * self.net.scale + self.net.bias
+            if kind == "td3":
+                return self.net(obs)
             if kind == "bdq":
                 qs = self.net(obs)
                 if info.action_kind == "Discrete":
