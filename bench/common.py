@@ -258,20 +258,23 @@ RESULT_PREFIX = "BENCH_RESULT "
 
 def greedy_eval(act: Callable[[Any], Any], seeds: list[int] = EVAL_SEEDS,
                 env_id: str = "CartPole-v1") -> dict[str, Any]:
-    """One deterministic episode per seed, all seeds stepped together; `act(obs[B, D]) -> actions[B]`.
-    The peers' evaluation (KubeRL evaluates through its own workers, on the same seeds)."""
+    """One deterministic episode per seed, all seeds stepped together; `act(obs[B, D]) -> actions[B]`
+    (actions[B, A] for a Box action space). The peers' evaluation (KubeRL evaluates through its own
+    workers, on the same seeds)."""
     import gymnasium as gym
     import numpy as np
 
     envs = [gym.make(env_id) for _ in seeds]
+    box = isinstance(envs[0].action_space, gym.spaces.Box)
     obs = np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds)]).astype(np.float32)
     returns = np.zeros(len(seeds))
     active = np.ones(len(seeds), bool)
     while active.any():
         idx = np.nonzero(active)[0]
-        actions = np.asarray(act(obs[idx])).reshape(-1)
+        actions = np.asarray(act(obs[idx]))
+        actions = actions.reshape(len(idx), *envs[0].action_space.shape) if box else actions.reshape(-1)
         for j, i in enumerate(idx):
-            o, r, term, trunc, _ = envs[i].step(int(actions[j]))
+            o, r, term, trunc, _ = envs[i].step(actions[j] if box else int(actions[j]))
             returns[i] += r
             obs[i] = o
             if term or trunc:

@@ -124,6 +124,10 @@ BAD = {
     "replicas-qlearning": (lambda m: (m["spec"]["algorithm"].update(name="QLearning"),
                                       m["spec"].update(learner={"replicas": 2})),
                            "spec", "needs a gradient-based algorithm"),
+    "replicas-sac": (lambda m: (m["spec"]["algorithm"].update(name="SAC"), m["spec"]["environment"].update(
+        id="Pendulum-v1"), m["spec"].update(learner={"replicas": 2})), "spec", "is not built for SAC and TD3 yet"),
+    "replicas-td3": (lambda m: (m["spec"]["algorithm"].update(name="TD3"), m["spec"]["environment"].update(
+        id="Pendulum-v1"), m["spec"].update(learner={"replicas": 2})), "spec", "is not built for SAC and TD3 yet"),
     "replicas-preference": (lambda m: (m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {}}),
                                        m["spec"].update(learner={"replicas": 2})),
                             "spec", "cannot be combined with algorithm.bdq.preference"),

@@ -776,6 +776,10 @@ DATA_PARALLEL_NEEDS_GRADIENTS = ("learner.replicas > 1 needs a gradient-based al
 DATA_PARALLEL_WITHOUT_PREFERENCE = (
     "learner.replicas > 1 cannot be combined with algorithm.bdq.preference yet: the preference head's pairs "
     "and segments live with one learner; set learner.replicas: 1 or remove algorithm.bdq.preference")
+DATA_PARALLEL_NOT_FOR_CONTINUOUS = (
+    "learner.replicas > 1 is not built for SAC and TD3 yet: their updates draw noise on each learner, and the "
+    "check that data-parallel learners reach one learner's parameters covers PPO, DQN and BDQ only; set "
+    "learner.replicas: 1")
 _MANY_LEARNERS_CEL = "has(self.learner) && has(self.learner.replicas) && self.learner.replicas > 1"
 
 
@@ -783,13 +787,16 @@ class RLTrainingJobSpec(_Model):
     RULES = (
         Rule(f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'QLearning')", DATA_PARALLEL_NEEDS_GRADIENTS,
              lambda s: not (s.learner.replicas > 1 and s.algorithm.name == AlgorithmName.QLEARNING)),
+        Rule(f"!({_MANY_LEARNERS_CEL} && (self.algorithm.name == 'SAC' || self.algorithm.name == 'TD3'))",
+             DATA_PARALLEL_NOT_FOR_CONTINUOUS,
+             lambda s: not (s.learner.replicas > 1 and s.algorithm.name in (AlgorithmName.SAC, AlgorithmName.TD3))),
         Rule(f"!({_MANY_LEARNERS_CEL} && self.algorithm.name == 'BDQ' && has(self.algorithm.bdq) && "
              "has(self.algorithm.bdq.preference))", DATA_PARALLEL_WITHOUT_PREFERENCE,
              lambda s: not (s.learner.replicas > 1 and s.algorithm.name == AlgorithmName.BDQ
                             and s.algorithm.bdq.preference is not None)),
         Rule("!has(self.collection) || !has(self.collection.mode) || self.collection.mode != 'async' || "
              "self.algorithm.name != 'PPO'",
-             "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning), not PPO",
+             "collection.mode: async needs an off-policy algorithm (DQN, BDQ, QLearning, SAC, TD3), not PPO",
              lambda s: not (s.collection.mode == CollectionMode.ASYNC and s.algorithm.name == AlgorithmName.PPO)),
         Rule("!has(self.serving) || (has(self.checkpointing) && has(self.checkpointing.volume) && "
              "has(self.checkpointing.volume.claimName))", SERVING_NEEDS_CLAIM,

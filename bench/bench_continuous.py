@@ -1,0 +1,109 @@
+"""SAC on Pendulum-v1, KubeRL against Stable-Baselines3 in the same run, 5 seeds each: KubeRL's SAC with
+its defaults through `kuberl sweep examples/sweeps/pendulum-sac-seeds.yaml` (as a user runs it, one trial
+at a time), SB3's SAC with rl-baselines3-zoo's Pendulum-v1 settings (bench/peer_sb3_continuous.py, one
+thread), one seed after another. Both train 20,000 env steps and are scored by the same greedy
+evaluation (20 episodes, seeds 10000..10019): its IQM over the seeds with a 95% bootstrap interval
+(kuberl.sweep.statistics, the sweep's own ranking statistics), how many seeds reach -200, and the time of
+the whole command (the sweep; each SB3 process) beside each trial's training clock.
+
+    bash bench/make_peer_venvs.sh sb3                 # once: SB3's own virtualenv
+    .venv/bin/python bench/bench_continuous.py        # bench/results/continuous.json
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import BENCH, EXAMPLES, REPO, RESULT_PREFIX, RESULTS, Bench, load_average
+
+SWEEP = EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml"
+TARGET = -200.0
+
+
+def arguments(p) -> None:
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--sb3-python", default=str(BENCH / ".venvs" / "sb3" / "bin" / "python"))
+
+
+def interval(values: list[float]) -> dict[str, Any]:
+    from kuberl.sweep.statistics import iqm_interval
+
+    i = iqm_interval(values)
+    return {"iqm": round(i.estimate, 1), "low": round(i.low, 1), "high": round(i.high, 1)}
+
+
+def run_kuberl(seeds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-continuous-") as tmp:
+        load = load_average()
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(REPO / ".venv" / "bin" / "kuberl"), "sweep", str(SWEEP), "--dir", tmp],
+                              cwd=REPO, capture_output=True, text=True, check=False)
+        whole = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"kuberl sweep failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        rows = list(csv.DictReader((Path(tmp) / "results.csv").open()))
+        trials = []
+        for row in rows[:seeds]:
+            summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+            trials.append({"seed": int(row["seed"]), "env_steps": int(row["env_steps"]),
+                           "evaluation_return": round(float(row["evaluation_return"]), 1),
+                           "training_seconds": summary.get("wall_clock")})
+    returns = [t["evaluation_return"] for t in trials]
+    return {"command": f"kuberl sweep {SWEEP.relative_to(REPO)}", "whole_command_seconds": round(whole, 1),
+            "loadavg_start": load, "trials": trials, "evaluation_return": interval(returns),
+            "seeds_at_target": sum(r >= TARGET for r in returns)}
+
+
+def run_sb3(python: str, seeds: int) -> dict[str, Any]:
+    trials, total = [], 0.0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    for seed in range(seeds):
+        t0 = time.perf_counter()
+        proc = subprocess.run([python, str(BENCH / "peer_sb3_continuous.py"), "--algo", "sac", "--seed", str(seed)],
+                              cwd=REPO, capture_output=True, text=True, env=env, check=False)
+        wall = time.perf_counter() - t0
+        total += wall
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+        if not lines:
+            raise SystemExit(f"SB3 seed {seed} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        result = json.loads(lines[-1][len(RESULT_PREFIX):])
+        trials.append({"seed": seed, "env_steps": result["env_steps"],
+                       "evaluation_return": round(result["evaluation_return"], 1),
+                       "training_seconds": result["train_seconds"], "process_seconds": round(wall, 1)})
+        print(f"sb3 seed {seed}: {trials[-1]}", file=sys.stderr, flush=True)
+    returns = [t["evaluation_return"] for t in trials]
+    return {"command": "bench/.venvs/sb3/bin/python bench/peer_sb3_continuous.py --algo sac --seed N, N = 0..4",
+            "whole_command_seconds": round(total, 1), "trials": trials, "evaluation_return": interval(returns),
+            "seeds_at_target": sum(r >= TARGET for r in returns)}
+
+
+def main() -> None:
+    bench = Bench(__doc__, RESULTS / "continuous.json", arguments)
+    args = bench.args
+    before = load_average()
+    ours = run_kuberl(args.seeds)
+    print(f"kuberl: {ours['evaluation_return']} in {ours['whole_command_seconds']} s", file=sys.stderr, flush=True)
+    peer = run_sb3(args.sb3_python, args.seeds)
+    results = {"task": "Pendulum-v1", "env_steps": 20_000, "target_return": TARGET, "loadavg_before": before,
+               "kuberl_sac": ours, "sb3_sac_zoo": peer}
+    summary = {
+        "kuberl_sac_evaluation_iqm": ours["evaluation_return"],
+        "sb3_sac_evaluation_iqm": peer["evaluation_return"],
+        "kuberl_seeds_at_target": f"{ours['seeds_at_target']} of {args.seeds}",
+        "sb3_seeds_at_target": f"{peer['seeds_at_target']} of {args.seeds}",
+        "whole_command_sb3_over_kuberl": round(peer["whole_command_seconds"] / ours["whole_command_seconds"], 2),
+    }
+    bench.write(results, summary)
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
