@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import ray
 import yaml
-
 from conftest import REPO
+
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
 

@@ -213,7 +213,7 @@ def test_an_unbounded_or_discrete_action_space_is_refused_by_name():
     with pytest.raises(ValueError, match=r"spec\.algorithm\.name: SAC needs a Box action space with finite bounds"):
         SAC(SACConfig(), unbounded, CPU, 0, 100)
     discrete = space_info(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2))
-    with pytest.raises(ValueError, match=r"spec\.algorithm\.name: TD3 acts in Box .*use PPO, DQN or BDQ"):
+    with pytest.raises(ValueError, match=r"spec\.algorithm\.name: TD3 acts in Box .*can: PPO, DQN, BDQ, QLearning$"):
         TD3(TD3Config(), discrete, CPU, 0, 100)
 
 

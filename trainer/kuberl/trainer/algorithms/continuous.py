@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kuberl.api.job import algorithms_acting_in
 from kuberl.trainer.algorithms.replay import ReplayAlgorithm
 from kuberl.trainer.buffers import ReplayBuffer
 from kuberl.trainer.networks import TwinQ
@@ -20,7 +21,8 @@ def require_bounded_box(info, algorithm: str) -> None:
     """SAC and TD3 squash their actions into the Box's bounds, so both must be finite."""
     if info.action_kind != "Box":
         raise ValueError(f"spec.algorithm.name: {algorithm} acts in Box (continuous) action spaces; this "
-                         f"environment's is {info.action_kind}: use PPO, DQN or BDQ there")
+                         f"environment's is {info.action_kind}: choose one that can: "
+                         f"{', '.join(algorithms_acting_in(info.action_kind))}")
     bounds = (*info.action_low, *info.action_high)
     if not all(math.isfinite(b) for b in bounds):
         raise ValueError(f"spec.algorithm.name: {algorithm} needs a Box action space with finite bounds (it "
