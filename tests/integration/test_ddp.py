@@ -76,3 +76,16 @@ def test_learner_replicas_default_one_and_qlearning_refuses_more():
 def test_learner_slots_are_the_extra_learners():
     assert extra_learners(1) == 0 and learner_slots(extra_learners(1)) == {}
     assert learner_slots(extra_learners(3)) == {"learner_slot": 2}
+
+
+def test_every_ranks_replay_fills_whichever_workers_deliver():
+    """One worker delivering everything (the other slow, or not started yet) still feeds both ranks'
+    replays alike: rank 0 sets the updates by the smallest replay, so a starved rank would hold all back."""
+    from kuberl.trainer.ddp import LearnerGroup
+
+    group = LearnerGroup(algo=None, actors=[object()])  # rank 0 and one more
+    batches = [{"worker_index": 0, "env_steps": 256} for _ in range(5)]
+    shards = group.shard(batches[:3])
+    assert [len(s) for s in shards] == [2, 1]
+    shards = group.shard(batches[3:] + [{"worker_index": 1, "env_steps": 512}])
+    assert [len(s) for s in shards] == [1, 2] and group.received == [768, 1024]

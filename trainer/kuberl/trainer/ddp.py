@@ -10,9 +10,10 @@ ranks learn at once:
 - on-policy (PPO): every rank gets the iteration's batches and the same minibatch permutation, and
   evaluates every `world`-th sample of each minibatch (advantages normalised with the whole
   minibatch's statistics), so N learners take the same step as one learner on the whole minibatch;
-- off-policy (DQN, BDQ): the batches of rollout worker i go to rank i mod N, into that rank's own
-  replay on its own device; rank 0 decides the number of updates for all, and each update every rank
-  samples `batchSize` from its replay: the effective batch is N x batchSize.
+- off-policy (DQN, BDQ): each batch goes to the rank whose replay has been given the fewest env steps
+  (`LearnerGroup.shard`), into that rank's own replay on its own device; rank 0 decides the number of
+  updates for all, and each update every rank samples `batchSize` from its replay: the effective batch
+  is N x batchSize.
 
 Gradients are averaged by one bucketed all-reduce after each backward pass (`ProcessGroupCollectives`),
 the arithmetic DistributedDataParallel does, without DDP's module wrapper: DQN calls its online network
@@ -159,6 +160,19 @@ class LearnerGroup:
     def __init__(self, algo: Algorithm, actors: list[Any]):
         self.algo, self.actors = algo, actors
         self.world = len(actors) + 1
+        self.received = [0] * self.world  # env steps each rank's replay has been given (off-policy)
+
+    def shard(self, batches: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """Off-policy: each batch to the rank whose replay has been given the fewest env steps, the lowest
+        rank on a tie. Every rank's replay fills at the pace of all the workers together, whichever of
+        them deliver: rank 0 sets the updates by the smallest replay, so a replay fed by one slow or
+        not yet started worker would hold every rank's updates back."""
+        shards: list[list[dict[str, Any]]] = [[] for _ in range(self.world)]
+        for b in batches:
+            rank = self.received.index(min(self.received))
+            shards[rank].append(b)
+            self.received[rank] += int(b["env_steps"])
+        return shards
 
     @classmethod
     def start(cls, spec: Any, algo: Algorithm, cluster: bool, threads: int | None) -> LearnerGroup:
@@ -194,9 +208,7 @@ class LearnerGroup:
             others = ray.get(refs)
             stats.loss = float(np.mean([stats.loss, *(s.loss for s in others)]))
             return stats
-        shards: list[list[dict[str, Any]]] = [[] for _ in range(self.world)]
-        for position, b in enumerate(batches):
-            shards[int(b.get("worker_index", position)) % self.world].append(b)
+        shards = self.shard(batches)
         sizes = [a.store.remote(shard) for a, shard in zip(self.actors, shards[1:], strict=False)]
         new_steps = self.algo.store(shards[0]) + sum(int(b["env_steps"]) for shard in shards[1:] for b in shard)
         smallest = min([self.algo.buffer.size, *ray.get(sizes)])
