@@ -230,22 +230,39 @@ class PPOConfig(_Model):
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="Actor and critic MLP shape.")
 
 
+# The replay settings DQN, BDQ, SAC and TD3 share: one bound and one description each, their own defaults.
+def _gamma(default: float) -> Any:
+    return Field(default=default, gt=0, le=1, description="Discount factor.")
+
+
+def _buffer_size(default: int) -> Any:
+    return Field(default=default, ge=64, le=50_000_000, description="Replay buffer capacity in transitions.")
+
+
+def _batch_size(default: int) -> Any:
+    return Field(default=default, ge=1, le=65_536, description="Transitions per gradient update.")
+
+
+def _train_frequency(default: int) -> Any:
+    return Field(default=default, ge=1, description="Env steps (summed over all envs) per gradient update.")
+
+
+def _gradient_steps(default: int) -> Any:
+    return Field(default=default, ge=1, le=1000, description="Gradient updates per train call.")
+
+
 class DQNConfig(_Model):
     """Deep Q-learning: double DQN, dueling head, target network, n-step returns. Defaults solve CartPole-v1."""
 
     learning_rate: float = Field(default=5e-4, gt=0, le=1, description="Adam learning rate.")
-    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    buffer_size: int = Field(
-        default=100_000, ge=64, le=50_000_000, description="Replay buffer capacity in transitions."
-    )
-    batch_size: int = Field(default=128, ge=1, le=65_536, description="Transitions per gradient update.")
+    gamma: float = _gamma(0.99)
+    buffer_size: int = _buffer_size(100_000)
+    batch_size: int = _batch_size(128)
     learning_starts: int = Field(
         default=1_000, ge=0, description="Env steps collected before the first gradient update."
     )
-    train_frequency: int = Field(
-        default=4, ge=1, description="Env steps (summed over all envs) per gradient update."
-    )
-    gradient_steps: int = Field(default=1, ge=1, le=1000, description="Gradient updates per train call.")
+    train_frequency: int = _train_frequency(4)
+    gradient_steps: int = _gradient_steps(1)
     double_q: bool = Field(default=True, description="Double DQN: online net picks, target net evaluates.")
     dueling: bool = Field(default=True, description="Dueling head: V(s) + A(s,a) - mean_a A(s,a).")
     n_step: int = Field(default=3, ge=1, le=100, description="n-step return length.")
@@ -297,15 +314,11 @@ class ContinuousReplayConfig(_Model):
     updates. Defaults are CleanRL's (cleanrl/sac_continuous_action.py lines 45-52 and
     cleanrl/td3_continuous_action.py lines 53-60, commit 004f8a0), the settings its MuJoCo results used."""
 
-    gamma: float = Field(default=0.99, gt=0, le=1, description="Discount factor.")
-    buffer_size: int = Field(
-        default=1_000_000, ge=64, le=50_000_000, description="Replay buffer capacity in transitions."
-    )
-    batch_size: int = Field(default=256, ge=1, le=65_536, description="Transitions per gradient update.")
-    train_frequency: int = Field(
-        default=1, ge=1, description="Env steps (summed over all envs) per gradient update."
-    )
-    gradient_steps: int = Field(default=1, ge=1, le=1000, description="Gradient updates per train call.")
+    gamma: float = _gamma(0.99)
+    buffer_size: int = _buffer_size(1_000_000)
+    batch_size: int = _batch_size(256)
+    train_frequency: int = _train_frequency(1)
+    gradient_steps: int = _gradient_steps(1)
     tau: float = Field(default=0.005, gt=0, le=1, description="Polyak coefficient for the target networks.")
     network: NetworkSpec = Field(
         default_factory=lambda: NetworkSpec(hidden_sizes=[256, 256], activation="relu"),
