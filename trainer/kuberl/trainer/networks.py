@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kuberl.trainer.policies.continuous import LOG_STD_MAX, LOG_STD_MIN
 from kuberl.trainer.spaces import SpaceInfo
 
 
@@ -146,8 +147,6 @@ class QNetwork(nn.Module):
 
 # ---- SAC and TD3: continuous actions in a bounded Box -----------------------------------------------
 
-#: SAC's log std range, the squashed Gaussian's (CleanRL's sac_continuous_action.py, after SpinUp).
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 def action_scale_bias(info: SpaceInfo, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

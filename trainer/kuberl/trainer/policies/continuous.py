@@ -14,7 +14,8 @@ import numpy as np
 from kuberl.trainer.policies.numpy_ops import Params, mlp
 from kuberl.trainer.spaces import SpaceInfo
 
-#: networks.LOG_STD_MIN / LOG_STD_MAX (numpy twins import no torch)
+#: SAC's log std range, the squashed Gaussian's (CleanRL's sac_continuous_action.py, after SpinUp); the
+#: learner's `networks.SquashedGaussianActor` imports it from here (this side imports no torch).
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
