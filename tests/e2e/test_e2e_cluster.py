@@ -28,6 +28,7 @@ import pytest
 import yaml
 from bed.cluster_bed import OneNodeCluster, bed_for_tests
 from bed.common import wait_until
+from tools import file_lock
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "ml-jobs"
@@ -412,6 +413,72 @@ def test_a_spec_only_the_learner_can_check_fails_as_invalid_spec_with_validates_
     logs = bed.kubectl("logs", "-n", NS, "tenant-code-learner").stdout
     assert "is not a valid RLTrainingJob" in logs, logs[-2000:]
     delete_and_check_nothing_left(bed, "tenant-code")
+
+
+# -- Your own environment in your own image --------------------------------------------
+
+
+GRIDGOAL = REPO / "tests" / "data" / "gridgoal"
+GRIDGOAL_IMAGE = "localhost/kuberl/gridgoal-trainer:e2e"
+
+
+def offline_wheels() -> Path | None:
+    """The wheel cache scripts/build-images installs from (it holds the setuptools a package's build needs):
+    this machine's builds have no network."""
+    cache = Path(os.environ.get("KUBERL_CACHE") or
+                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kuberl")
+    for wheels in sorted((cache / "wheels").glob("torch-*")):
+        if (wheels / ".complete").exists() and any(wheels.glob("setuptools-*.whl")):
+            return wheels
+    return None
+
+
+def build_user_image(tmp_path: Path) -> None:
+    """`podman build` of tests/data/gridgoal/Dockerfile as docs/custom-environments.md has a user run it;
+    offline, pip reads the wheel cache instead of an index (a pip.conf mounted for the build's RUN only)."""
+    cmd = ["podman", "build", "--pull=never", "-t", GRIDGOAL_IMAGE]
+    wheels = offline_wheels()
+    if wheels is not None:
+        conf = tmp_path / "pip.conf"
+        conf.write_text("[global]\nno-index = true\nfind-links = /wheels\n")
+        cmd += ["--network", "none", "-v", f"{wheels}:/wheels:ro", "-v", f"{conf}:/etc/pip.conf:ro"]
+    with file_lock(REPO / ".cache" / "build-images.lock"):  # beside scripts/build-images, never during it
+        built = subprocess.run([*cmd, str(GRIDGOAL)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+
+
+def test_your_own_environment_in_your_own_image_trains_on_the_cluster(bed, tmp_path):
+    """docs/custom-environments.md's path: a package with an env, an image FROM the trainer's that installs
+    it, spec.image, environment.id naming the package's registered id. The same job on the stock image fails
+    at once as InvalidSpec, naming the module and the image."""
+    build_user_image(tmp_path)
+    try:
+        common = {"environment": {"id": "gridgoal:GridGoal-v0", "kwargs": {"size": 4}},
+                  "rolloutWorkers.replicas": 1, "rolloutWorkers.envsPerWorker": 4,
+                  "stopping": {"maxEnvSteps": 4096}, "evaluation": {"episodes": 4}}
+        own = example("cartpole-ppo.yaml", image=GRIDGOAL_IMAGE, **common)
+        own["metadata"]["name"] = "own-env"
+        stock = example("cartpole-ppo.yaml", **common)
+        stock["metadata"]["name"] = "stock-image"
+        apply(bed, own, stock)
+
+        failed = bed.cluster.wait_for("rltj", "stock-image", namespace=NS, timeout=300,
+                                      predicate=phase_is("Failed", "Succeeded"))["status"]
+        assert failed["phase"] == "Failed" and failed["reason"] == "InvalidSpec", failed
+        message = failed["message"]
+        assert "spec.environment.id" in message and "module 'gridgoal'" in message, message
+        assert "ghcr.io/kuberl/kuberl-trainer:0.1.0" in message and "spec.image" in message, message
+        assert failed["learnerRestarts"] == 0, failed
+
+        wait_complete(bed, "own-env", 600)
+        status = learner_figures(bed, "own-env")
+        assert status["progress"]["envSteps"] >= 4096 and status["progress"]["episodes"] > 0, status
+        learner = bed.cluster.get("pods", "own-env-learner", NS)
+        assert learner["spec"]["containers"][0]["image"] == GRIDGOAL_IMAGE
+        for job in ("stock-image", "own-env"):
+            delete_and_check_nothing_left(bed, job)
+    finally:
+        subprocess.run(["podman", "rmi", "--force", GRIDGOAL_IMAGE], capture_output=True, timeout=120)
 
 
 # -- A job that cannot start says why ----------------------------------------------

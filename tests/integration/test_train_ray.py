@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import ray
 import yaml
+from conftest import REPO
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
 from kuberl.trainer.workers import start_ray
@@ -116,6 +116,23 @@ def test_a_users_module_class_environment_trains(local_ray, job_dict, tmp_path):
                                      shutdown_ray=False))
     assert result.ok
     assert result.evaluation["deterministic"]["mean_return"] == pytest.approx(1.0 - 3 * 0.01)  # 4 steps right
+
+
+def test_rollout_workers_whose_python_lacks_the_envs_module_fail_the_start_at_once(local_ray):
+    """Real Ray actors built for a module no process here has: the first reply ends the start with the
+    reason, and no worker is replaced (a replacement would fail the same way)."""
+    from kuberl.trainer.envs.resolve import EnvNotFound
+    from kuberl.trainer.workers import WorkerSet
+
+    workers = WorkerSet({"env_id": "gridgoal:GridGoal-v0", "env_kwargs": {}, "num_envs": 2,
+                         "policy": {"kind": "categorical"}}, desired=2, cluster=False, seed=0, expected=2)
+    try:
+        with pytest.raises(EnvNotFound, match=r"rollout worker \d cannot use the environment: cannot import the "
+                                              r"environment's module 'gridgoal'"):
+            workers.reconcile(wait_for_all=60.0)
+        assert workers.restarts == 0 and not workers.ready()
+    finally:
+        workers.shutdown()
 
 
 def _free_port() -> int:

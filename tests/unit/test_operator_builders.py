@@ -363,3 +363,12 @@ def test_each_role_sizes_its_thread_pools_to_its_own_cpus_not_the_nodes(job_dict
         {"name": "rollout-worker", "env": [{"name": "OMP_NUM_THREADS", "value": "2"}]}]}}
     worker = builders.build_worker_pod(parse_job(job_dict), BuildOptions(trainer_image="kuberl-trainer:test"), 0)
     assert env(worker)["OMP_NUM_THREADS"] == "2" and env(worker)["MKL_NUM_THREADS"] == "3"
+
+
+@pytest.mark.parametrize("spec_image", [None, "my/trainer:1"])
+def test_every_container_knows_its_image_to_name_it_when_the_env_module_is_missing(job_dict, spec_image):
+    if spec_image:
+        job_dict["spec"]["image"] = spec_image
+    for pod in job_pods(parse_job(job_dict), OPTIONS):
+        for container in pod["spec"]["containers"]:
+            assert env_of(container)["KUBERL_IMAGE"] == container["image"] == (spec_image or OPTIONS.trainer_image)

@@ -102,7 +102,8 @@ def test_every_job_in_a_code_block_is_valid():
                 # raises, naming every problem, if invalid
                 parse_job(job, source=f"{page.name} block", tenancy=Tenancy())
                 checked.append(page.name)
-    pages_with_jobs = {"job-file.md", "how-a-run-works.md", "algorithms.md", "pod-templates.md", "serving.md"}
+    pages_with_jobs = {"job-file.md", "how-a-run-works.md", "algorithms.md", "pod-templates.md", "serving.md",
+                       "custom-environments.md"}
     assert pages_with_jobs <= set(checked)
 
 

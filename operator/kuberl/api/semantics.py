@@ -21,6 +21,9 @@ from kuberl.api.problems import Problem
 
 #: gymnasium's id syntax `module:Env-vN` and KubeRL's `module:Class` both name code to import.
 MODULE_SEPARATOR = ":"
+#: The image a job's pod runs, set by the operator in every pod it creates: a module the image lacks is
+#: reported with the image to rebuild.
+IMAGE_ENV = "KUBERL_IMAGE"
 TABLE_RESOURCE = "registered_envs.json"
 #: Keyword arguments gymnasium.make passes on to every environment.
 MAKE_KWARGS = ("render_mode",)

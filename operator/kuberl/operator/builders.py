@@ -23,6 +23,7 @@ from kuberl.api.job import PREFERENCE_CONFIGMAP_MOUNT, AlgorithmName, Resources,
 from kuberl.api.learner_slots import extra_learners, learner_slots
 from kuberl.api.pod_template import CONTAINER_SECURITY_CONTEXT
 from kuberl.api.rollout_slots import rollout_slots
+from kuberl.api.semantics import IMAGE_ENV
 from kuberl.api.threads import CPUS_ENV, THREAD_ENV
 from kuberl.operator import names
 from kuberl.operator.names import Component
@@ -164,7 +165,8 @@ def _container(name: str, job: RLTrainingJob, options: BuildOptions, command: li
         "image": image(job, options),
         "imagePullPolicy": options.image_pull_policy,
         "command": command,
-        "env": env,
+        # The image, for the reason a pod gives when it lacks the environment's module.
+        "env": [*env, {"name": IMAGE_ENV, "value": image(job, options)}],
         "resources": container_resources(resources),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }

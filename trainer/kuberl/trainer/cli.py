@@ -209,11 +209,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
         _print_problems(err)
         return 2
 
+    from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, Problem
+    from kuberl.trainer.envs.resolve import EnvNotFound
     from kuberl.trainer.run import train
 
     options = train_options(args)
     try:
         result = train(job, options)
+    except EnvNotFound as err:  # a rollout worker's image lacks what this process's has: the job cannot run
+        _print_problems(InvalidJob([Problem("spec.environment.id", str(err), job.spec.environment.id)],
+                                   source=job.metadata.name))
+        return INVALID_SPEC_EXIT_CODE
     except (RuntimeError, TimeoutError, ConnectionError) as err:  # a clear line, not a traceback
         print(f"error: {err}", file=sys.stderr)
         # In a pod, the line is the container's termination message too: the pod's Ray node, started

@@ -96,8 +96,18 @@ class RolloutWorker:
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
                  policy: dict[str, Any], max_episode_steps: int | None = None, worker_index: int = 0,
                  record_steps: bool = False):
+        from kuberl.trainer.envs.resolve import EnvNotFound
+
         self.worker_index = worker_index
-        env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps)
+        #: Why this worker cannot build the job's environment (its image lacks the module): `ping` says
+        #: so and the learner fails the job with it, where an actor dying in its constructor would be
+        #: replaced by one that dies the same way, again and again.
+        self.env_problem: str | None = None
+        try:
+            env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps)
+        except EnvNotFound as err:
+            self.env_problem = str(err)
+            return
         self.info = space_info(env.single_observation_space, env.single_action_space)
         self.rng = np.random.default_rng([seed, worker_index, 7])
         self.policy = make_policy(self.info, policy)
@@ -131,11 +141,11 @@ class RolloutWorker:
 
     def ping(self) -> dict[str, Any]:
         """Ready: this worker's index and the thread pools it computes with, as its own process sees them
-        (its container's CPUs, not the node's: kuberl.trainer.threads)."""
+        (its container's CPUs, not the node's: kuberl.trainer.threads); `env_problem`, when it has no env."""
         from kuberl.trainer.threads import THREAD_ENV, container_cpus
 
         return {"index": self.worker_index, "container_cpus": container_cpus(),
-                "pools": {var: os.environ.get(var, "unset") for var in THREAD_ENV}}
+                "pools": {var: os.environ.get(var, "unset") for var in THREAD_ENV}, "env_problem": self.env_problem}
 
     # ---- sampling: what the learner trains on -----------------------------------------------------
 

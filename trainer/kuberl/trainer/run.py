@@ -22,6 +22,7 @@ import ray
 from kuberl.api.job import Device, RLTrainingJob
 from kuberl.api.learner_slots import extra_learners
 from kuberl.trainer.accounting import Counters, publish_restored
+from kuberl.trainer.envs.resolve import EnvNotFound
 from kuberl.trainer.learner import Loop, checkpoint_when_due, evaluate, run_loop
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from kuberl.trainer.report import RunReport, Timeline
@@ -96,7 +97,8 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         # it does not leave by os._exit. An unexpected error is logged here first, with its traceback,
         # in case Ray's teardown ends the process before the error reaches the caller.
         run.failed = True
-        if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError)):
+        if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError,
+                                EnvNotFound)):
             log.exception("training failed")
         raise
     finally:

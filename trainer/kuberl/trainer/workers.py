@@ -23,6 +23,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
 from kuberl.api.threads import THREAD_ENV
+from kuberl.trainer.envs.resolve import EnvNotFound
 from kuberl.trainer.ray_node import (
     REGISTER_S,
     host_and_port,
@@ -257,6 +258,9 @@ class WorkerSet:
                     handle = pending[ref]
                     try:
                         seen = ray.get(ref)
+                        if seen.get("env_problem"):
+                            raise EnvNotFound(f"rollout worker {handle.index} cannot use the environment: "
+                                              f"{seen['env_problem']}")
                         handle.ready = True
                         pools = " ".join(f"{var}={n}" for var, n in seen["pools"].items())
                         log.info("rollout worker %d ready: container CPUs %d, thread pools %s", handle.index,

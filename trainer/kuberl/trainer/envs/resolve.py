@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +23,7 @@ import gymnasium as gym
 import kuberl.trainer.envs  # noqa: F401  (registers the kuberl/* ids)
 from kuberl.api.job import RLTrainingJobSpec
 from kuberl.api.problems import Problem
-from kuberl.api.semantics import MODULE_SEPARATOR, SpaceInfo, check_spaces, unknown_env_problem
+from kuberl.api.semantics import IMAGE_ENV, MODULE_SEPARATOR, SpaceInfo, check_spaces, unknown_env_problem
 
 EnvFactory = Callable[..., gym.Env]
 
@@ -37,7 +39,8 @@ def resolve_env_factory(env_id: str) -> EnvFactory:
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
-            raise EnvNotFound(f"cannot import the environment's module {module_name!r}: {err}") from None
+            raise EnvNotFound(f"cannot import the environment's module {module_name!r} ({err}) "
+                              f"{_where_to_install()}") from None
         if name in gym.registry:  # gymnasium's module:Env-vN: importing the module registered the id
             return _maker(name)
         target = getattr(module, name, None)
@@ -49,6 +52,16 @@ def resolve_env_factory(env_id: str) -> EnvFactory:
     if env_id not in gym.registry:
         raise EnvNotFound(f"{env_id!r} is not a registered gymnasium id")
     return _maker(env_id)
+
+
+def _where_to_install() -> str:
+    """Where the missing module must be installed: the pod's image (named), or this Python."""
+    image = os.environ.get(IMAGE_ENV)
+    if image:
+        return (f"in the image {image!r}: install its package in an image built FROM the trainer image and "
+                "name that image in spec.image (docs/custom-environments.md)")
+    return (f"in this Python ({sys.executable}): install its package here, and for a cluster in an image "
+            "built FROM the trainer image named in spec.image (docs/custom-environments.md)")
 
 
 def _maker(env_id: str) -> EnvFactory:
