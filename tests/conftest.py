@@ -47,10 +47,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_start_key)
 
 
-#: At most one end-to-end module at a time: each starts a one-node cluster whose pods train, and two of
-#: them on two cores starved each other's pods past what the operator tolerates (a Ray head that exited,
-#: a gang restarted in a new epoch) and past the tests' waits.
+#: At most one end-to-end module at a time while other tests are queued: each starts a one-node cluster
+#: whose pods train, and two of them beside the other layers' tests on two cores starved each other's pods
+#: (before Ray's nodes started lean: a Ray head that exited, a gang restarted in a new epoch).
 BEDS_AT_ONCE = 1
+#: Once only end-to-end modules are queued, a second bed: otherwise the run's last part is one bed's chain
+#: with a core to spare (bench/results/ci.json: for the last quarter of a warm run only one bed ran).
+BEDS_WHEN_ONLY_BEDS_LEFT = 2
 
 
 def is_end_to_end(nodeid: str) -> bool:
@@ -72,10 +75,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _assign_work_unit(self, node) -> None:
             beds = sum(1 for other, units in self.assigned_work.items() if other is not node and any(
                 is_end_to_end(scope) and not all(done.values()) for scope, done in units.items()))
-            if beds >= BEDS_AT_ONCE:
-                first = next((scope for scope in self.workqueue if not is_end_to_end(scope)), None)
+            first = next((scope for scope in self.workqueue if not is_end_to_end(scope)), None)
+            if beds >= (BEDS_AT_ONCE if first is not None else BEDS_WHEN_ONLY_BEDS_LEFT):
                 if first is None:
-                    # Only beds are left and one runs: this worker is done, the bed's worker takes the rest.
+                    # Only beds are left and as many run as may: this worker is done, theirs take the rest.
                     node.shutdown()
                     return
                 self.workqueue.move_to_end(first, last=False)  # take the first module that is not end-to-end

@@ -308,6 +308,24 @@ def test_two_data_parallel_learners_train_to_complete(bed):
     delete_and_check_nothing_left(bed, "cartpole-ddp")
 
 
+def test_sac_from_its_example_trains_pendulum_to_complete_on_the_cluster(bed):
+    """Continuous control on the cluster: the rollout worker pod acts with the numpy squashed-Gaussian actor,
+    the learner pod keeps the replay and updates. A short budget: the cluster path, not the learning (the
+    integration tests show that)."""
+    job = example("pendulum-sac.yaml", **{
+        "algorithm": {"name": "SAC", "sac": {"learningStarts": 256, "batchSize": 64,
+                                             "network": {"hiddenSizes": [64, 64]}}},
+        "rolloutWorkers.envsPerWorker": 4, "stopping": {"maxEnvSteps": 1024}, "evaluation": {"episodes": 2}})
+    apply(bed, job)
+    wait_complete(bed, "pendulum-sac", 600)
+    status = learner_figures(bed, "pendulum-sac")
+    progress = status["progress"]
+    # Replay ratio 1 (CleanRL's one update per env step) after the random warm-up.
+    assert progress["envSteps"] >= 1024 and progress["gradientUpdates"] >= 1024 - 2 * 256, status
+    assert -2000 < status["evaluation"]["deterministic"]["meanReturn"] < 0, status  # Pendulum's range
+    delete_and_check_nothing_left(bed, "pendulum-sac")
+
+
 def test_bdq_preference_pairs_from_a_config_map_reach_the_learner(bed):
     """The operator mounts spec.algorithm.bdq.preference.configMap into the learner pod; the learner
     reads its pairs.jsonl while training and skips what it cannot use (no crash), saying why."""
