@@ -160,13 +160,14 @@ def _metadata(job: RLTrainingJob, name: str, component: Component, *, epoch: int
 
 def _container(name: str, job: RLTrainingJob, options: BuildOptions, command: list[str],
                resources: Resources, env: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    ref = image(job, options)
     container: dict[str, Any] = {
         "name": name,
-        "image": image(job, options),
+        "image": ref,
         "imagePullPolicy": options.image_pull_policy,
         "command": command,
         # The image, for the reason a pod gives when it lacks the environment's module.
-        "env": [*env, {"name": IMAGE_ENV, "value": image(job, options)}],
+        "env": [*env, {"name": IMAGE_ENV, "value": ref}],
         "resources": container_resources(resources),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
