@@ -444,7 +444,10 @@ def test_a_node_whose_agents_are_slower_than_the_raylets_fixed_wait_starts_and_r
         _wait_for(lambda: "Ray runtime started" in log.read_text() or node.poll() is not None, 300, "the node's start")
         text = log.read_text()
         assert node.poll() is None and "failed to start" not in text, text[-3000:]
-        held = sorted(p.name for p in gate.glob("held-*"))
+        # The raylet starts its agents as it comes up, and "Ray runtime started" can come before the agent's
+        # Python reaches the gate; the gate is still closed, so the node has started without it either way.
+        held = _wait_for(lambda: sorted(p.name for p in gate.glob("held-*")), 300, "the runtime env agent's start")
+        assert node.poll() is None, log.read_text()[-3000:]
         assert len(held) == 1, f"the runtime env agent, the one agent Ray starts, was started and is held: {held}"
         # A head as the operator starts it: no dashboard API server (no dashboard asked for), no autoscaler,
         # and in the dashboard agent's place the stand-in.
