@@ -99,9 +99,10 @@ def make_cold() -> list[str]:
     if pip_cache.exists():
         shutil.rmtree(pip_cache)
         removed.append(str(pip_cache))
-    subprocess.run(["podman", "rmi", "--all", "--force"], capture_output=True, check=False)
-    subprocess.run(["podman", "image", "prune", "--all", "--force"], capture_output=True, check=False)
-    removed.append("podman images (all)")
+    if shutil.which("podman"):  # a new machine has none yet: scripts/test installs it
+        subprocess.run(["podman", "rmi", "--all", "--force"], capture_output=True, check=False)
+        subprocess.run(["podman", "image", "prune", "--all", "--force"], capture_output=True, check=False)
+        removed.append("podman images (all)")
     return removed
 
 
