@@ -120,6 +120,31 @@ def prometheus_binary() -> Path:
     return Path(found)
 
 
+def tool_venv(name: str, requirement: str, constraints: Path | None = None, timeout: float = 900) -> Path:
+    """`TOOLS_DIR/<name>-<version>-venv`, a virtualenv of its own outside the clone with `requirement`
+    (`pkg==version`, under `constraints` where given) installed from the package index on first use.
+
+    The stamp file holds what it was installed for, written last: an interrupted install, a new pin or
+    new constraints make the next run start over. A lock file serialises concurrent first runs. A tool
+    that cannot be installed skips locally and fails under CI=true (tool_missing)."""
+    venv = TOOLS_DIR / f"{name}-{requirement.partition('==')[2]}-venv"
+    stamp = venv / "kuberl-installed"
+    wanted = requirement + ("\n" + constraints.read_text() if constraints is not None else "")
+    with file_lock(venv.with_name(venv.name + ".lock")):
+        if stamp.exists() and stamp.read_text() == wanted:
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        if constraints is not None:
+            pip += ["-c", str(constraints)]
+        for step in ([sys.executable, "-m", "venv", str(venv)], [*pip, requirement]):
+            result = subprocess.run(step, capture_output=True, text=True, timeout=timeout, check=False)
+            if result.returncode != 0:
+                tool_missing(name, f"`{' '.join(step)}` failed: {result.stderr.strip()[-800:]}")
+        stamp.write_text(wanted)
+    return venv
+
+
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """Held by one process on this machine at a time (test workers, a benchmark beside the tests); the

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import job_pods
 from pod_security import pod_specs
-from tools import REPO, TOOLS_DIR, file_lock, helm_binary, tool_missing, yaml_documents
+from tools import REPO, helm_binary, tool_venv, yaml_documents
 
 CHECKOV = "checkov==3.3.30"
-CHECKOV_VENV = TOOLS_DIR / f"checkov-{CHECKOV.partition('==')[2]}-venv"
 CHART = REPO / "charts" / "kuberl-operator"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
@@ -106,25 +103,8 @@ JOB_SKIPS = {
 
 
 def checkov_binary() -> Path:
-    """`TOOLS_DIR/checkov-<version>-venv/bin/checkov`, installing the pinned checkov there first when absent.
-
-    The stamp file holds the requirement it was installed for, written last: an interrupted install,
-    or a new pin, makes the next run start over. A lock file serialises concurrent first runs.
-    """
-    exe = CHECKOV_VENV / "bin" / "checkov"
-    stamp = CHECKOV_VENV / "kuberl-installed"
-    with file_lock(CHECKOV_VENV.with_name(CHECKOV_VENV.name + ".lock")):
-        if exe.exists() and stamp.exists() and stamp.read_text() == CHECKOV:
-            return exe
-        shutil.rmtree(CHECKOV_VENV, ignore_errors=True)
-        steps = [[sys.executable, "-m", "venv", str(CHECKOV_VENV)],
-                 [str(CHECKOV_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", CHECKOV]]
-        for step in steps:
-            result = subprocess.run(step, capture_output=True, text=True, timeout=900, check=False)
-            if result.returncode != 0:
-                tool_missing("checkov", f"`{' '.join(step)}` failed: {result.stderr.strip()[-800:]}")
-        stamp.write_text(CHECKOV)
-    return exe
+    """checkov in its own virtualenv (tools.tool_venv), installed on first use."""
+    return tool_venv("checkov", CHECKOV) / "bin" / "checkov"
 
 
 def scan(directory: Path, *, only: set[str] | None = None) -> dict:

@@ -696,6 +696,36 @@ class CheckpointingSpec(_Model):
     volume: VolumeSpec = Field(default_factory=VolumeSpec, description="Where checkpoints live on a cluster.")
 
 
+#: A tracking server's address: http or https, a host, an optional port and path; no credentials in it
+#: (they come from spec.tracking.mlflow.credentialsSecret, never from the job's text).
+TRACKING_URI_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%!$&'()*+,;=:@/\-]*)?$"
+
+
+class MLflowTrackingSpec(_Model):
+    """An MLflow tracking server the learner logs to: the resolved job as parameters, every iteration's
+    metrics, and the run's files (summary, evaluation, learning curve, the exported policy) as artifacts."""
+
+    tracking_uri: str = Field(
+        max_length=2048, pattern=TRACKING_URI_PATTERN,
+        description="The tracking server's URL (http:// or https://, no user:password in it), as "
+                    "MLFLOW_TRACKING_URI takes it; the learner must reach it (a cluster's egress rules permitting).")
+    experiment: str | None = Field(
+        default=None, min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Experiment name, created when absent; default: the job's name.")
+    run_name: str | None = Field(
+        default=None, min_length=1, max_length=250, pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="The run's name; default: the job's name.")
+    credentials_secret: DnsSubdomain | None = Field(
+        default=None,
+        description="A Secret in the job's namespace whose keys token, or username and password, the learner "
+                    "gets as MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (the "
+                    "operator never reads it). Locally those environment variables themselves.")
+
+
+class TrackingSpec(_Model):
+    mlflow: MLflowTrackingSpec | None = Field(default=None, description="Log the run to MLflow.")
+
+
 class EvaluationOpponent(str, enum.Enum):
     RANDOM = "random"
     SELF = "self"
@@ -856,6 +886,8 @@ class RLTrainingJobSpec(_Model):
     serving: ServingSpec | None = Field(
         default=None, description="Serve the trained policy after the job succeeds (needs a checkpoint claim)."
     )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment tracking: runs logged to a tracking server.")
 
     @model_validator(mode="after")
     def _templates_fit(self) -> RLTrainingJobSpec:

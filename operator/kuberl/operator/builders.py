@@ -342,6 +342,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         {"name": "KUBERL_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH},
         *_ray_env(job),
         *threads_env(learner.resources, learner.threads),
+        *tracking_env(job),
     ]
     shm, shm_mount = _shm_volume()
     extra: dict[str, Any] = {
@@ -374,6 +375,22 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
                      annotations=annotations)
     pod = _pod(meta, containers=[container], volumes=volumes, node_selector=learner.node_selector)
     return pod_template.merge(pod, learner.template, "learner")
+
+
+#: The tracker's credentials: MLflow's own variables, from the keys of spec.tracking.mlflow.credentialsSecret.
+TRACKING_SECRET_KEYS = {"MLFLOW_TRACKING_TOKEN": "token", "MLFLOW_TRACKING_USERNAME": "username",
+                        "MLFLOW_TRACKING_PASSWORD": "password"}
+
+
+def tracking_env(job: RLTrainingJob) -> list[dict[str, Any]]:
+    """The learner's tracker credentials, straight from the job's Secret to the container: the operator
+    names the Secret and never reads it. Each key is optional (a token, or a username and password)."""
+    mlflow = job.spec.tracking.mlflow
+    if mlflow is None or mlflow.credentials_secret is None:
+        return []
+    return [{"name": var, "valueFrom": {"secretKeyRef": {"name": mlflow.credentials_secret, "key": key,
+                                                          "optional": True}}}
+            for var, key in TRACKING_SECRET_KEYS.items()]
 
 
 def build_job_spec_config_map(job: RLTrainingJob) -> dict[str, Any]:

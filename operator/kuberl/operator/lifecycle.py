@@ -614,6 +614,8 @@ def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | 
     decided = Plan(status=status.model_copy(deep=True))
     before = Phase(decided.status.phase)
     _take_report(decided.status, report)
+    if report is not None and report.tracker_reachable is not None:
+        _tracker_condition(decided.status, report.tracker_reachable, now, meta.generation)
     if decided.status.time_to_first_step_seconds is None and report is not None:
         decided.status.time_to_first_step_seconds = job_status.time_to_first_step(report.first_step_time,
                                                                                   meta.created, now)
@@ -645,6 +647,18 @@ def _take_report(status: RLTrainingJobStatus, report: job_status.LearnerReport |
         status.last_checkpoint = report.last_checkpoint
     if report.evaluation is not None:
         status.evaluation = report.evaluation
+
+
+def _tracker_condition(status: RLTrainingJobStatus, reachable: bool, now: datetime, generation: int | None) -> None:
+    if reachable:
+        job_status.set_condition(status, job_status.TRACKER_REACHABLE, True, "Answering", "", at=now,
+                                 generation=generation)
+    else:
+        job_status.set_condition(
+            status, job_status.TRACKER_REACHABLE, False, "Unreachable",
+            "the learner cannot reach spec.tracking.mlflow.trackingUri: training goes on, and its metrics wait in "
+            "the learner and are sent once the tracker answers (check the URL, the Secret, and the namespace's "
+            "egress rules)", at=now, generation=generation)
 
 
 def _run_phase(pass_: _Pass, job: RLTrainingJob | None) -> None:

@@ -21,6 +21,8 @@ COMPLETE = "Complete"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 CONDITION_TYPES = (RUNNING, DEGRADED, COMPLETE, FAILED, SUSPENDED)
+#: Only on a job with spec.tracking, once its learner has tried the tracker.
+TRACKER_REACHABLE = "TrackerReachable"
 
 
 def now() -> datetime:
@@ -180,8 +182,10 @@ class LearnerReport:
 
     def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool,
                  last_checkpoint: str | None = None, evaluation: dict[str, Any] | None = None,
-                 first_step_time: float | None = None):
+                 first_step_time: float | None = None, tracker_reachable: bool | None = None):
         self.progress = progress
+        #: Whether the experiment tracker answers the learner; None without one (or before it has tried).
+        self.tracker_reachable = tracker_reachable
         self.last_checkpoint_time = last_checkpoint_time
         self.finished = finished
         self.last_checkpoint = last_checkpoint
@@ -242,8 +246,10 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
         for suite, rate in sorted(win_rates.items()):
             evaluation[suite] = {"winRate": _readable_fraction(rate)}
     first_step = samples.get(FIRST_STEP_METRIC)
+    reachable = samples.get("kuberl_tracker_reachable")
     return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation,
-                         first_step if first_step is not None and first_step > 0 else None)
+                         first_step if first_step is not None and first_step > 0 else None,
+                         None if reachable is None else reachable >= 1.0)
 
 
 def time_to_first_step(first_step_time: float | None, created: datetime | None, now: datetime) -> float | None:

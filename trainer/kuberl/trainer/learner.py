@@ -101,6 +101,8 @@ def iterate(loop: Loop, batches: list[dict[str, Any]], max_updates: int | None =
     row = metrics_row(loop.counters, tally)
     loop.report.iteration(row)
     publish_iteration(loop.metrics, loop.counters, tally)
+    if loop.report.tracker is not None and loop.report.tracker.reachable is not None:
+        loop.metrics.set("kuberl_tracker_reachable", float(loop.report.tracker.reachable))
     if loop.on_iteration is not None:
         loop.on_iteration(row, loop)
     checkpoint_when_due(loop)

@@ -44,12 +44,19 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge", "Unix time the learner first received env steps from its rollout workers (0 before)."),
     "kuberl_time_to_first_step_seconds": (
         "gauge", "Seconds from the learner process's start to its first env steps (0 before)."),
+    "kuberl_tracker_reachable": (
+        "gauge", "1 while the experiment tracker (spec.tracking) answers, 0 while it does not (its metrics wait); "
+                 "absent without one."),
     "kuberl_preference_accuracy": ("gauge", "Preference head: share of held-out ranked pairs it orders right."),
     "kuberl_preference_pairs_used": ("gauge", "Preference head: ranked pairs taken in so far (teacher and people)."),
     "kuberl_preference_pairs_human": ("gauge", "Preference head: ranked pairs taken in from the pairs file."),
     "kuberl_preference_pairs_rejected": ("gauge", "Preference head: pairs-file lines skipped as malformed."),
     "kuberl_preference_loss": ("gauge", "Preference head: mean Bradley-Terry loss over the last iteration."),
 }
+
+
+#: Metrics exported only once set: a job without a tracker has no tracker to call unreachable.
+ONLY_ONCE_SET = frozenset({"kuberl_tracker_reachable"})
 
 
 @dataclass
@@ -76,7 +83,7 @@ class LearnerMetrics:
                 metric = Counter(name.removesuffix("_total"), help_text, LABELS + extra, registry=self.registry)
             else:
                 metric = Gauge(name, help_text, LABELS + extra, registry=self.registry)
-            self._m[name] = metric if extra else metric.labels(*labels.values())
+            self._m[name] = metric if extra or name in ONLY_ONCE_SET else metric.labels(*labels.values())
         self._m["kuberl_checkpoint_timestamp_seconds"].set(0)
         self._m["kuberl_job_finished"].set(0)
         self.first_step_at: float | None = None
@@ -99,7 +106,10 @@ class LearnerMetrics:
             self._m[name].inc(amount)
 
     def set(self, name: str, value: float) -> None:
-        self._m[name].set(value)
+        if name in ONLY_ONCE_SET:
+            self._m[name].labels(*self.labels.values()).set(value)
+        else:
+            self._m[name].set(value)
 
     def set_win_rate(self, suite: str, value: float) -> None:
         self._m["kuberl_evaluation_win_rate"].labels(*self.labels.values(), suite).set(value)

@@ -16,11 +16,15 @@ from xml.sax.saxutils import escape
 
 import yaml
 
-from kuberl.trainer import tensorboard_log
+from kuberl.trainer import tensorboard_log, tracking
 from kuberl.trainer.tensorboard_log import EventLog
+from kuberl.trainer.tracking import Tracker
 
 log = logging.getLogger("kuberl.trainer")
 
+
+#: The run's files a tracker keeps, as artifacts of its run.
+TRACKED_FILES = ("job.yaml", "summary.json", "evaluation.json", "metrics.csv", "learning_curve.svg")
 
 PHASES = ("startup", "collection", "learning", "evaluation", "report", "shutdown")
 
@@ -73,8 +77,9 @@ class RunReport:
     a log line every 10 s) while training; then metrics.csv and the learning curve (drawn while the
     workers evaluate), evaluation.json, summary.json and the summary table."""
 
-    def __init__(self, run_dir: Path, job, progress: bool):
+    def __init__(self, run_dir: Path, job, progress: bool, tracker: Tracker | None = None):
         self.run_dir = run_dir
+        self.tracker = tracker
         self.job = job
         self.show_progress = progress
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -99,6 +104,8 @@ class RunReport:
         if not resumed:
             tensorboard_log.clear(events_dir)
         self._events = EventLog(events_dir, env_steps if resumed else None, iteration)
+        if self.tracker is not None:
+            self.tracker.log_params(tracking.flat_params(self.job.manifest()["spec"]))
         if self.show_progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -114,6 +121,8 @@ class RunReport:
             self._file.write(json.dumps(row) + "\n")
         if self._events is not None:
             self._events.add(row["env_steps"], tensorboard_log.row_scalars(row))
+        if self.tracker is not None:
+            self.tracker.log_metrics(row["env_steps"], tracking.row_metrics(row))
         ret = row.get("mean_return")
         stats = f"{row['episodes_per_second']:,.0f} ep/s  {row['env_steps_per_second']:,.0f} steps/s"
         if ret is not None:
@@ -173,6 +182,9 @@ class RunReport:
             return
         self._summary["time_split"] = timeline.as_dict()
         (self.run_dir / "summary.json").write_text(json.dumps(self._summary, indent=2) + "\n")
+        if self.tracker is not None:
+            self.tracker.log_metrics(self._summary["env_steps"], tracking.final_metrics(self._summary))
+            self.tracker.log_files(self.run_dir, TRACKED_FILES)
         _print_summary(self._summary, self.run_dir)
 
     def _rows(self) -> list[dict[str, Any]]:

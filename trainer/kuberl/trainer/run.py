@@ -26,6 +26,7 @@ from kuberl.trainer.envs.resolve import EnvNotFound
 from kuberl.trainer.learner import Loop, checkpoint_when_due, evaluate, run_loop
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from kuberl.trainer.report import RunReport, Timeline
+from kuberl.trainer.tracking import tracker_for
 from kuberl.trainer.workers import WorkerSet, start_ray, stop_local_ray_after_exit
 
 # torch (about 1 s to import) is imported by `_build_learner`, in a thread that runs while Ray starts.
@@ -55,6 +56,7 @@ class TrainOptions:
     started_at: float | None = None  # time.perf_counter() at process start (the CLI gives it); else train()'s start
     exit_after: bool = False  # the caller ends the process right after: its embedded Ray goes with it
     on_iteration: Callable[[dict[str, Any], Any], None] | None = None  # (row, loop): tests and benchmarks observe
+    tracking_parent: str | None = None  # a sweep's MLflow run: this run is one of its children
 
 
 @dataclass
@@ -100,13 +102,44 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         if not isinstance(err, (KeyboardInterrupt, SystemExit, RuntimeError, TimeoutError, ConnectionError,
                                 EnvNotFound)):
             log.exception("training failed")
+        if run.report.tracker is not None:
+            run.report.tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
+                                     wait=TRACKER_WAIT_ON_EXIT)
         raise
     finally:
         _teardown(run)
     timeline.mark("shutdown")
     run.report.final(timeline)  # summary.json gets the shutdown too; then the summary table
     result.time_split = timeline.as_dict()
+    _close_tracker(run, result)
     return result
+
+
+#: Seconds a run stopped by SIGTERM or failing gives its tracker to take what is queued: a pod being
+#: deleted has its grace period to keep, and the next learner goes on in the same run.
+TRACKER_WAIT_ON_EXIT = 5.0
+
+
+def _close_tracker(run: _Run, result: TrainResult) -> None:
+    """The exported policy to the tracker, and the run ended there (or, stopped by SIGTERM, left to the
+    learner that resumes it)."""
+    tracker = run.report.tracker
+    if tracker is None:
+        return
+    if result.reason == "signal":
+        tracker.close("KILLED", wait=TRACKER_WAIT_ON_EXIT)
+        return
+    import tempfile
+
+    from kuberl.trainer.serving.export import ExportError, export
+
+    with tempfile.TemporaryDirectory(prefix="kuberl-policy-") as tmp:
+        try:
+            out = export(run.run_dir, Path(tmp) / "policy")
+            tracker.log_files(out, sorted(p.name for p in out.iterdir()), under="policy/")
+        except ExportError as err:  # no checkpoint (checkpointing disabled): the run's files still go
+            log.info("no policy for the tracker: %s", err)
+    tracker.close("FINISHED")
 
 
 @dataclass
@@ -153,7 +186,8 @@ def _prepare(job: RLTrainingJob, options: TrainOptions) -> tuple[_Run, _Backgrou
     # Ray starts next, in this thread (its processes die with the thread that starts them), while a
     # second thread imports torch, checks the environment, builds the networks and loads a checkpoint.
     builder = _Background(_build_learner, spec, cluster, replicas, run_dir / "checkpoints" if options.resume else None)
-    report = RunReport(run_dir, job, progress=options.progress)
+    report = RunReport(run_dir, job, progress=options.progress,
+                       tracker=tracker_for(job, run_dir, resume=options.resume, parent_run_id=options.tracking_parent))
     labels = JobLabels(job.metadata.name, job.metadata.namespace, spec.algorithm.name.value, spec.environment.id)
     metrics = LearnerMetrics(labels)
     metrics_port = None

@@ -22,11 +22,16 @@ from typing import Any
 from kuberl.api.sweep import RLSweep, TrialState
 from kuberl.sweep.engine import SweepEngine, TrialInfo, TrialOutcome
 from kuberl.trainer.sweep_report import LiveTable, TrialRow, write_results
+from kuberl.trainer.tracking import flat_params, sweep_tracker
 
 #: A file in a trial's run directory that asks it to stop after its iteration (pruned, or past the deadline).
 STOP_FILE = "STOP"
 JOURNAL = "study.journal"
 POLL_SECONDS = 0.5
+#: Seconds the sweep waits for MLflow to make its parent run before starting trials without one.
+PARENT_RUN_WAIT = 10.0
+#: The sweep's files its MLflow parent run keeps (write_results' tables and ranking).
+RESULT_FILES = ("results.csv", "ranking.json")
 
 
 @dataclasses.dataclass
@@ -37,7 +42,7 @@ class SweepOptions:
     live: bool = True
 
 
-def run_trial(job_data: dict[str, Any], run_dir: str) -> dict[str, Any]:
+def run_trial(job_data: dict[str, Any], run_dir: str, tracking_parent: str | None = None) -> dict[str, Any]:
     """One trial in a Ray worker process: `train` on the sweep's Ray, its console in the run directory,
     stopping after an iteration once the sweep leaves STOP_FILE there; returns its summary.json."""
     from kuberl.api.load import parse_job
@@ -56,7 +61,7 @@ def run_trial(job_data: dict[str, Any], run_dir: str) -> dict[str, Any]:
         logging.getLogger("kuberl").setLevel(logging.WARNING)
         # Port 0: trials running side by side each serve their metrics on a free port.
         train(job, TrainOptions(run_dir=directory, progress=False, shutdown_ray=False, metrics_port=0,
-                                on_iteration=on_iteration))
+                                on_iteration=on_iteration, tracking_parent=tracking_parent))
     return json.loads((directory / "summary.json").read_text())
 
 
@@ -90,6 +95,17 @@ class SweepRun:
         cores = os.cpu_count() or 1
         self.concurrency = max(1, min(options.parallel or sweep.spec.parallelism, cores // replicas or 1))
         self.started = time.monotonic()
+        self.tracker = sweep_tracker(sweep, self.directory, resume=options.resume)
+        self.tracking_parent: str | None = None
+        if self.tracker is not None:
+            # The search itself; each trial's run has its job, the template with its values, as parameters.
+            self.tracker.log_params(flat_params(sweep.spec.model_dump(mode="json", by_alias=True,
+                                                                      exclude={"template"})))
+            self.tracking_parent = self.tracker.run_id_within(PARENT_RUN_WAIT)
+            if self.tracking_parent is None:
+                logging.getLogger("kuberl.trainer").warning(
+                    "MLflow has not answered in %.0f s: the trials are logged without their sweep's parent run",
+                    PARENT_RUN_WAIT)
 
     def trial_dir(self, info: TrialInfo) -> Path:
         return self.directory / "trials" / f"t{info.number:04d}"
@@ -102,7 +118,8 @@ class SweepRun:
             row = TrialRow(info, self.trial_dir(info))
             (row.run_dir / STOP_FILE).unlink(missing_ok=True)
             self.rows[info.number] = row
-            self.running[info.number] = _Running(row, remote.remote(self.engine.trial_job(info), str(row.run_dir)))
+            self.running[info.number] = _Running(row, remote.remote(self.engine.trial_job(info), str(row.run_dir),
+                                                                    self.tracking_parent))
 
     def past_deadline(self) -> bool:
         deadline = self.sweep.spec.active_deadline_seconds
@@ -227,8 +244,15 @@ def run_sweep(sweep: RLSweep, options: SweepOptions | None = None) -> SweepRun:
                 run.collect(done)
                 run.start_trials(remote)
                 table.update()
+    except BaseException:
+        if run.tracker is not None:
+            run.tracker.close("KILLED", wait=5.0)
+        raise
     finally:
         interrupted.restore()
         ray.shutdown()
     write_results(run)
+    if run.tracker is not None:
+        run.tracker.log_files(run.directory, RESULT_FILES)
+        run.tracker.close("FINISHED")
     return run

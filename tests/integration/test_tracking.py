@@ -1,0 +1,296 @@
+"""Runs in a real MLflow tracking server (`mlflow server` from PyPI, SQLite backend, its artifact proxy on
+loopback), read back with MLflow's own client: a run's job as parameters, every iteration's metrics at its
+env steps, the run's files and its exported policy as artifacts; a sweep as a parent run with a child per
+trial; a tracker that is down while a run trains, which slows nothing and loses nothing.
+
+The server lives in a virtualenv of its own (tools.tool_venv, every package pinned in
+tests/data/mlflow-constraints.txt), installed from PyPI on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import yaml
+from tools import REPO, tool_venv
+
+from kuberl.api.load import parse_job
+from kuberl.trainer.run import TrainOptions, train
+from kuberl.trainer.tracking import RUN_FILE
+from kuberl.trainer.workers import start_ray
+
+pytestmark = [pytest.mark.slow]
+
+MLFLOW = "mlflow==3.17.2"
+CONSTRAINTS = REPO / "tests" / "data" / "mlflow-constraints.txt"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+class MLflowServer:
+    """`mlflow server` on loopback with a SQLite store and its artifact proxy; `query` runs MLflow's own
+    client in the server's virtualenv."""
+
+    def __init__(self, venv: Path, directory: Path):
+        self.venv, self.directory = venv, directory
+        self.proc: subprocess.Popen | None = None
+        self.uri = ""
+
+    def start(self) -> None:
+        for _ in range(3):  # a port taken between the pick and the bind: another port
+            port = _free_port()
+            log = (self.directory / "server.log").open("w")
+            self.proc = subprocess.Popen(
+                [str(self.venv / "bin" / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
+                 "--artifacts-destination", str(self.directory / "artifacts")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+            self.uri = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 300
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if _answers(f"{self.uri}/health"):
+                    return
+                time.sleep(0.5)
+            self.stop()
+        raise AssertionError(f"mlflow server did not start: {(self.directory / 'server.log').read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            self.proc.wait(30)
+
+    def query(self, script: str, **values: Any) -> Any:
+        """Runs `script` with MLflow's client bound to this server as `client` and `values` as globals;
+        returns what it assigns to `out`, through JSON."""
+        prelude = ("import json, sys, mlflow\nfrom mlflow import MlflowClient\n"
+                   f"client = MlflowClient(tracking_uri={self.uri!r})\n"
+                   f"globals().update(json.loads({json.dumps(json.dumps(values))}))\n")
+        done = subprocess.run([str(self.venv / "bin" / "python"), "-c",
+                               prelude + script + "\nprint(json.dumps(out))"],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    server = MLflowServer(tool_venv("mlflow", MLFLOW, CONSTRAINTS), tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray(None, local_slots=2)
+    yield
+    ray.shutdown()
+
+
+def tracked_job(job_dict: dict, uri: str, name: str, max_env_steps: int = 8192) -> dict:
+    job_dict["metadata"]["name"] = name
+    job_dict["spec"]["stopping"] = {"maxEnvSteps": max_env_steps}
+    job_dict["spec"]["evaluation"] = {"episodes": 3}
+    job_dict["spec"]["tracking"] = {"mlflow": {"trackingUri": uri, "experiment": "kuberl-tests"}}
+    return job_dict
+
+
+RUN_QUERY = """
+exp = client.get_experiment_by_name("kuberl-tests")
+runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`kuberl.job` = '{job}'")
+run = runs[0]
+history = client.get_metric_history(run.info.run_id, "rollout/env_steps")
+files = []
+def walk(path=None):
+    for f in client.list_artifacts(run.info.run_id, path):
+        walk(f.path) if f.is_dir else files.append(f.path)
+walk()
+summary = json.load(open(client.download_artifacts(run.info.run_id, "summary.json", dst_path=dst)))
+out = {"runs": len(runs), "run_id": run.info.run_id, "status": run.info.status, "name": run.info.run_name,
+       "params": run.data.params, "tags": run.data.tags, "metrics": run.data.metrics,
+       "steps": [[p.step, p.value] for p in history], "files": sorted(files), "summary": summary}
+"""
+
+
+def test_a_run_logs_its_job_every_iteration_its_files_and_its_policy(mlflow_server, local_ray, job_dict, tmp_path):
+    job = parse_job(tracked_job(job_dict, mlflow_server.uri, "tracked"))
+    result = train(job, TrainOptions(run_dir=tmp_path / "run", workers=2, metrics_port=0, progress=False,
+                                     shutdown_ray=False))
+    assert result.ok
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    seen = mlflow_server.query(RUN_QUERY, job="tracked", dst=str(tmp_path / "downloaded"))
+    assert seen["runs"] == 1 and seen["status"] == "FINISHED" and seen["name"] == "tracked", seen
+    # The resolved job, defaults filled in, as parameters.
+    assert seen["params"]["algorithm.name"] == "PPO" and seen["params"]["environment.id"] == "CartPole-v1"
+    assert seen["params"]["algorithm.ppo.learningRate"] == "0.005" and seen["params"]["stopping.maxEnvSteps"] == "8192"
+    assert seen["tags"]["kuberl.algorithm"] == "PPO"
+    # Every iteration, at its env steps, named as in TensorBoard.
+    assert seen["steps"] == [[r["env_steps"], float(r["env_steps"])] for r in rows]
+    assert seen["metrics"]["eval/deterministic/mean_return"] == pytest.approx(
+        result.evaluation["deterministic"]["mean_return"])
+    # The run's files and the policy `kuberl serve` runs; summary.json as the run directory has it.
+    assert {"job.yaml", "summary.json", "evaluation.json", "metrics.csv", "learning_curve.svg",
+            "policy/policy.json", "policy/weights.npz"} <= set(seen["files"]), seen["files"]
+    assert seen["summary"] == json.loads((tmp_path / "run" / "summary.json").read_text())
+    # A resumed run goes on in the same MLflow run.
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["run_id"] == seen["run_id"]
+
+
+class Switch:
+    """A TCP port in front of the tracking server that refuses every connection (closes it at once) until
+    `up()`, then carries each one through: a tracker that is down, then back."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._up = threading.Event()
+        self.refused = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def up(self) -> None:
+        self._up.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self._up.is_set():
+                self.refused += 1
+                conn.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _until(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_tracker_down_while_the_run_trains_loses_nothing_and_says_so(mlflow_server, local_ray, job_dict, tmp_path):
+    switch = Switch(int(mlflow_server.uri.rsplit(":", 1)[1]))
+    job = parse_job(tracked_job(job_dict, f"http://127.0.0.1:{switch.port}", "tracked-down", max_env_steps=12_288))
+    said: dict[int, float | None] = {}
+
+    def reachable_metric(loop) -> float | None:
+        for family in loop.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name == "kuberl_tracker_reachable":
+                    return sample.value
+        return None
+
+    def on_iteration(row, loop) -> None:
+        tracker = loop.report.tracker
+        said[row["iteration"]] = reachable_metric(loop)
+        if row["iteration"] == 1:
+            # Down from the start: the tracker has tried and failed before the switch goes up.
+            _until(lambda: tracker.reachable is False, 120, "the tracker to find MLflow unreachable")
+        elif row["iteration"] == 3:
+            assert tracker.run_id is None, "a run was made while the tracker was down"
+            switch.up()
+            _until(lambda: tracker.reachable is True, 120, "the tracker to reach MLflow once it is up")
+
+    try:
+        result = train(job, TrainOptions(run_dir=tmp_path / "run", workers=2, metrics_port=0, progress=False,
+                                         shutdown_ray=False, on_iteration=on_iteration))
+    finally:
+        switch.close()
+    assert result.ok and switch.refused >= 1
+    # What /metrics said, and so the job's status on a cluster: unreachable while down, then reachable.
+    assert said[2] == 0.0 and said[3] == 0.0 and said[4] == 1.0, said
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    seen = mlflow_server.query(RUN_QUERY, job="tracked-down", dst=str(tmp_path / "downloaded"))
+    # Nothing lost: the iterations from while it was down are there, in order, at their env steps.
+    assert seen["status"] == "FINISHED" and seen["steps"] == [[r["env_steps"], float(r["env_steps"])] for r in rows]
+    assert len(rows) >= 5
+
+
+SWEEP_QUERY = """
+exp = client.get_experiment_by_name("kuberl-tests")
+parents = client.search_runs([exp.experiment_id], filter_string="tags.`kuberl.sweep` = 'tracked-sweep'")
+parent = parents[0]
+children = client.search_runs([exp.experiment_id],
+                              filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+out = {"parents": len(parents), "status": parent.info.status, "params": parent.data.params,
+       "files": sorted(f.path for f in client.list_artifacts(parent.info.run_id)),
+       "children": sorted([c.info.run_name, c.info.status, c.data.params.get("seed")] for c in children)}
+"""
+
+
+def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(mlflow_server, tmp_path):
+    sweep = {
+        "apiVersion": "kuberl.dev/v1alpha1", "kind": "RLSweep", "metadata": {"name": "tracked-sweep"},
+        "spec": {
+            "template": {
+                "algorithm": {"name": "PPO"}, "environment": {"id": "CartPole-v1"},
+                "rolloutWorkers": {"replicas": 1, "envsPerWorker": 4},
+                "stopping": {"maxEnvSteps": 2048}, "evaluation": {"enabled": False},
+                "tracking": {"mlflow": {"trackingUri": mlflow_server.uri, "experiment": "kuberl-tests"}},
+            },
+            "parameters": [{"path": "algorithm.ppo.learningRate", "values": [0.0003]}],
+            "seeds": 2, "maxTrials": 2, "parallelism": 1,
+        },
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    proc = subprocess.run([sys.executable, "-m", "kuberl.trainer.cli", "sweep", str(path), "--dir",
+                           str(tmp_path / "out"), "--no-progress"],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = mlflow_server.query(SWEEP_QUERY)
+    assert seen["parents"] == 1 and seen["status"] == "FINISHED", seen
+    assert seen["params"]["seeds"] == "2" and "template.algorithm.name" not in seen["params"], seen["params"]
+    assert {"results.csv", "ranking.json"} <= set(seen["files"]), seen["files"]
+    # One child per trial, each with its seed (the trial's job as its parameters).
+    assert [c[1] for c in seen["children"]] == ["FINISHED", "FINISHED"], seen["children"]
+    assert sorted(c[2] for c in seen["children"]) == ["0", "1"], seen["children"]
