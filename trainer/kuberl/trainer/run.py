@@ -137,7 +137,7 @@ def _close_tracker(run: _Run, result: TrainResult) -> None:
         try:
             out = export(run.run_dir, Path(tmp) / "policy")
             tracker.log_files(out, sorted(p.name for p in out.iterdir()), under="policy/")
-        except ExportError as err:  # no checkpoint (checkpointing disabled): the run's files still go
+        except (ExportError, OSError, ValueError) as err:  # no checkpoint (checkpointing disabled), say
             log.info("no policy for the tracker: %s", err)
     tracker.close("FINISHED")
 

@@ -28,7 +28,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +158,61 @@ def row_metrics(row: dict[str, Any]) -> dict[str, float]:
     return tensorboard_log.row_scalars(row)
 
 
-@dataclass
-class _Pending:
-    params: dict[str, str] = field(default_factory=dict)
-    points: collections.deque = field(default_factory=lambda: collections.deque(maxlen=QUEUED_POINTS_MAX))
-    artifacts: list[tuple[str, bytes]] = field(default_factory=list)
-    end_status: str | None = None
+class _Outbox:
+    """What waits for the tracker, oldest first: parameters, metric points (at most QUEUED_POINTS_MAX;
+    past that the oldest go, counted in `dropped`), files, and the run's end once asked for."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.params: dict[str, str] = {}
+        self.points: collections.deque = collections.deque(maxlen=QUEUED_POINTS_MAX)
+        self.artifacts: list[tuple[str, bytes]] = []
+        self.end_status: str | None = None
+        self.dropped = 0
+
+    def add_points(self, points: Iterable[dict[str, Any]], *, front: bool = False) -> None:
+        with self.lock:
+            for point in (reversed(list(points)) if front else points):
+                if len(self.points) == self.points.maxlen:
+                    self.dropped += 1
+                (self.points.appendleft if front else self.points.append)(point)
+
+    def send(self, rest: MLflowREST, run_id: str, artifact_uri: str) -> bool:
+        """Send everything queued, in order; True once the run's end is sent. A failure leaves what was not
+        sent queued, in order, for the next try."""
+        with self.lock:
+            params = list(self.params.items())
+        for i in range(0, len(params), PARAMS_PER_BATCH):
+            chunk = params[i:i + PARAMS_PER_BATCH]
+            rest.call("POST", "runs/log-batch", {"run_id": run_id,
+                                                 "params": [{"key": k, "value": v} for k, v in chunk]})
+            with self.lock:
+                for key, _ in chunk:
+                    self.params.pop(key, None)
+        while True:
+            with self.lock:
+                batch = [self.points.popleft() for _ in range(min(METRICS_PER_BATCH, len(self.points)))]
+            if not batch:
+                break
+            try:
+                rest.call("POST", "runs/log-batch", {"run_id": run_id, "metrics": batch})
+            except TrackerError:
+                self.add_points(batch, front=True)
+                raise
+        while True:
+            with self.lock:
+                if not self.artifacts:
+                    break
+                name, data = self.artifacts[0]
+            rest.upload(artifact_uri, name, data)
+            with self.lock:
+                self.artifacts.pop(0)
+        with self.lock:
+            status = self.end_status
+        if status is None:
+            return False
+        rest.call("POST", "runs/update", {"run_id": run_id, "status": status, "end_time": int(time.time() * 1000)})
+        return True
 
 
 class Tracker:
@@ -184,12 +232,9 @@ class Tracker:
         self.run_id: str | None = None
         self.artifact_uri = ""
         self.reachable: bool | None = None  # None until the first answer or failure
-        self.dropped = 0
         self.last_error = ""
-        self._pending = _Pending()
-        self._lock = threading.Lock()
+        self.outbox = _Outbox()
         self._wake = threading.Event()
-        self._closing = False
         self._done = threading.Event()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
@@ -205,48 +250,38 @@ class Tracker:
     # -- what training calls: never blocks on the tracker --
 
     def log_params(self, params: dict[str, str]) -> None:
-        with self._lock:
-            self._pending.params.update(params)
+        with self.outbox.lock:
+            self.outbox.params.update(params)
         self._wake.set()
 
     def log_metrics(self, step: int, values: dict[str, float], timestamp_ms: int | None = None) -> None:
         stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        with self._lock:
-            queue = self._pending.points
-            for key, value in values.items():
-                if len(queue) == queue.maxlen:
-                    self.dropped += 1
-                queue.append({"key": key, "value": value, "timestamp": stamp, "step": int(step)})
-        self._wake.set()
-
-    def log_artifact(self, name: str, data: bytes) -> None:
-        with self._lock:
-            self._pending.artifacts.append((name, data))
+        self.outbox.add_points({"key": key, "value": value, "timestamp": stamp, "step": int(step)}
+                               for key, value in values.items())
         self._wake.set()
 
     def log_files(self, directory: Path, names: Iterable[str], under: str = "") -> None:
         for name in names:
             path = directory / name
             if path.is_file():
-                self.log_artifact(f"{under}{name}", path.read_bytes())
+                with self.outbox.lock:
+                    self.outbox.artifacts.append((f"{under}{name}", path.read_bytes()))
+        self._wake.set()
 
     def close(self, status: str = "FINISHED", wait: float | None = None) -> bool:
         """End the run with `status` (FINISHED, FAILED, KILLED) once everything queued is sent, waiting at
         most `wait` seconds (default flush_seconds); returns whether all of it got there."""
-        with self._lock:
-            self._pending.end_status = status
-            self._closing = True
+        with self.outbox.lock:
+            self.outbox.end_status = status
         self._wake.set()
         self._done.wait(self.flush_seconds if wait is None else wait)
         sent = self._done.is_set()
         if not sent:
-            with self._lock:
-                left = len(self._pending.points)
             log.warning("MLflow at %s: %d metric points and the run's end not sent in time (%s)",
-                        self.rest.uri, left, self.last_error or "no answer yet")
-        elif self.dropped:
+                        self.rest.uri, len(self.outbox.points), self.last_error or "no answer yet")
+        elif self.outbox.dropped:
             log.warning("MLflow at %s was down long enough that the oldest %d metric points were dropped",
-                        self.rest.uri, self.dropped)
+                        self.rest.uri, self.outbox.dropped)
         return sent
 
     # -- the background thread --
@@ -257,7 +292,8 @@ class Tracker:
             self._wake.wait()
             self._wake.clear()
             try:
-                finished = self._send_all()
+                self._open_run()
+                finished = self.outbox.send(self.rest, self.run_id or "", self.artifact_uri)
             except TrackerError as err:
                 if self.reachable is not False:
                     log.warning("MLflow at %s is unreachable (%s); metrics wait and are sent when it answers",
@@ -276,12 +312,18 @@ class Tracker:
                 self._done.set()
                 return
 
-    def _send_all(self) -> bool:
-        """Send what is queued, oldest first; True once the run is ended."""
+    def _open_run(self) -> None:
+        """The run to log to: the one a resumed directory logged to, or a new one (its id kept in run_file)."""
         if self.run_id is None and self._resume_id is not None:
-            run = self.rest.call("GET", "runs/get", query={"run_id": self._resume_id})
-            self.rest.call("POST", "runs/update", {"run_id": self._resume_id, "status": "RUNNING"})
-            self.run_id, self.artifact_uri = self._resume_id, run["run"]["info"]["artifact_uri"]
+            try:
+                run = self.rest.call("GET", "runs/get", query={"run_id": self._resume_id})
+            except TrackerError as err:
+                if "RESOURCE_DOES_NOT_EXIST" not in str(err):
+                    raise
+                self._resume_id = None  # deleted in MLflow meanwhile: a new run
+            else:
+                self.rest.call("POST", "runs/update", {"run_id": self._resume_id, "status": "RUNNING"})
+                self.run_id, self.artifact_uri = self._resume_id, run["run"]["info"]["artifact_uri"]
         if self.run_id is None:
             experiment_id = self.rest.experiment_id(self.experiment)
             tags = [{"key": k, "value": v} for k, v in self.tags.items()]
@@ -291,45 +333,6 @@ class Tracker:
             if self.run_file is not None:
                 _write_atomically(self.run_file, json.dumps({"tracking_uri": self.rest.uri, "run_id": self.run_id}))
         self._started.set()
-        with self._lock:
-            params = list(self._pending.params.items())
-        for i in range(0, len(params), PARAMS_PER_BATCH):
-            chunk = params[i:i + PARAMS_PER_BATCH]
-            self.rest.call("POST", "runs/log-batch", {"run_id": self.run_id,
-                                                      "params": [{"key": k, "value": v} for k, v in chunk]})
-            with self._lock:
-                for key, _ in chunk:
-                    self._pending.params.pop(key, None)
-        points = self._pending.points
-        while True:
-            with self._lock:
-                batch = [points.popleft() for _ in range(min(METRICS_PER_BATCH, len(points)))]
-            if not batch:
-                break
-            try:
-                self.rest.call("POST", "runs/log-batch", {"run_id": self.run_id, "metrics": batch})
-            except TrackerError:
-                with self._lock:  # back at the front, in order, for the next try
-                    for point in reversed(batch):
-                        if len(points) == points.maxlen:
-                            self.dropped += 1
-                        points.appendleft(point)
-                raise
-        while True:
-            with self._lock:
-                if not self._pending.artifacts:
-                    break
-                name, data = self._pending.artifacts[0]
-            self.rest.upload(self.artifact_uri, name, data)
-            with self._lock:
-                self._pending.artifacts.pop(0)
-        with self._lock:
-            status = self._pending.end_status if self._closing else None
-        if status is None:
-            return False
-        self.rest.call("POST", "runs/update", {"run_id": self.run_id, "status": status,
-                                               "end_time": int(time.time() * 1000)})
-        return True
 
 
 def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
