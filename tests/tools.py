@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -23,13 +24,16 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 import yaml
+from bed.common import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 #: The scripts' cache ($KUBERL_CACHE, else ~/.cache/kuberl): outside the clone, so a fresh clone (CI's) reuses
@@ -161,3 +165,65 @@ def yaml_documents(text: str) -> list:
     loader takes 3.7 s per parse here, libyaml 0.8 s, and the chart tests parse it dozens of times."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [doc for doc in yaml.load_all(text, Loader=loader) if doc]
+
+
+# --------------------------------------------------------------------------------------------
+# MLflow's tracking server, in its own virtualenv
+# --------------------------------------------------------------------------------------------
+
+MLFLOW = "mlflow==3.17.2"
+MLFLOW_CONSTRAINTS = REPO / "tests" / "data" / "mlflow-constraints.txt"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+class MLflowServer:
+    """A real tracking server (tests, bench/bench_tracking.py): `mlflow server` on loopback with a SQLite
+    store and its artifact proxy; `query` runs MLflow's own client in the server's virtualenv."""
+
+    def __init__(self, directory: Path):
+        self.venv, self.directory = tool_venv("mlflow", MLFLOW, MLFLOW_CONSTRAINTS), directory
+        self.proc: subprocess.Popen | None = None
+        self.uri = ""
+
+    def start(self) -> None:
+        for _ in range(3):  # a port taken between the pick and the bind: another port
+            port = free_port()
+            log = (self.directory / "server.log").open("w")
+            self.proc = subprocess.Popen(
+                [str(self.venv / "bin" / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
+                 "--artifacts-destination", str(self.directory / "artifacts")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+            self.uri = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 300
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if _answers(f"{self.uri}/health"):
+                    return
+                time.sleep(0.5)
+            self.stop()
+        raise AssertionError(f"mlflow server did not start: {(self.directory / 'server.log').read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            self.proc.wait(30)
+
+    def query(self, script: str, **values: Any) -> Any:
+        """Runs `script` with MLflow's client bound to this server as `client` and `values` as globals;
+        returns what it assigns to `out`, through JSON."""
+        prelude = ("import json, sys, mlflow\nfrom mlflow import MlflowClient\n"
+                   f"client = MlflowClient(tracking_uri={self.uri!r})\n"
+                   f"globals().update(json.loads({json.dumps(json.dumps(values))}))\n")
+        done = subprocess.run([str(self.venv / "bin" / "python"), "-c",
+                               prelude + script + "\nprint(json.dumps(out))"],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])

@@ -10,20 +10,16 @@ tests/data/mlflow-constraints.txt), installed from PyPI on first use.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
 import yaml
-from tools import REPO, tool_venv
+from tools import MLflowServer
 
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
@@ -32,73 +28,9 @@ from kuberl.trainer.workers import start_ray
 
 pytestmark = [pytest.mark.slow]
 
-MLFLOW = "mlflow==3.17.2"
-CONSTRAINTS = REPO / "tests" / "data" / "mlflow-constraints.txt"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
-class MLflowServer:
-    """`mlflow server` on loopback with a SQLite store and its artifact proxy; `query` runs MLflow's own
-    client in the server's virtualenv."""
-
-    def __init__(self, venv: Path, directory: Path):
-        self.venv, self.directory = venv, directory
-        self.proc: subprocess.Popen | None = None
-        self.uri = ""
-
-    def start(self) -> None:
-        for _ in range(3):  # a port taken between the pick and the bind: another port
-            port = _free_port()
-            log = (self.directory / "server.log").open("w")
-            self.proc = subprocess.Popen(
-                [str(self.venv / "bin" / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
-                 "--artifacts-destination", str(self.directory / "artifacts")],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "MLFLOW_TRACKING_URI": ""})
-            self.uri = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 300
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                if _answers(f"{self.uri}/health"):
-                    return
-                time.sleep(0.5)
-            self.stop()
-        raise AssertionError(f"mlflow server did not start: {(self.directory / 'server.log').read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            self.proc.wait(30)
-
-    def query(self, script: str, **values: Any) -> Any:
-        """Runs `script` with MLflow's client bound to this server as `client` and `values` as globals;
-        returns what it assigns to `out`, through JSON."""
-        prelude = ("import json, sys, mlflow\nfrom mlflow import MlflowClient\n"
-                   f"client = MlflowClient(tracking_uri={self.uri!r})\n"
-                   f"globals().update(json.loads({json.dumps(json.dumps(values))}))\n")
-        done = subprocess.run([str(self.venv / "bin" / "python"), "-c",
-                               prelude + script + "\nprint(json.dumps(out))"],
-                              capture_output=True, text=True, timeout=300, check=False)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
-    server = MLflowServer(tool_venv("mlflow", MLFLOW, CONSTRAINTS), tmp_path_factory.mktemp("mlflow"))
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow"))
     server.start()
     yield server
     server.stop()
