@@ -78,6 +78,7 @@ def test_parameters_are_the_jobs_fields_dotted_and_cut_to_mlflows_size():
     assert params["algorithm.name"] == "PPO" and params["algorithm.ppo.learningRate"] == "0.005"
     assert params["environment.list"] == "[1,2]" and params["environment.kwargs.none"] == "null"
     assert params["empty"] == "{}"
+    assert tracking.flat_params({"kwargs": {"a:b\u00e9": 1}}) == {"kwargs.a_b_": "1"}  # MLflow's name characters
     cut = params["environment.kwargs.big"]
     assert len(cut) == tracking.PARAM_VALUE_MAX and cut.endswith("... (cut here)")
 

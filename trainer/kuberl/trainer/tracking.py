@@ -50,7 +50,19 @@ BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0)
 
 
 class TrackerError(Exception):
-    """The tracker could not be reached, or refused a request."""
+    """The tracker could not be reached, or refused a request (`status`: its HTTP status, if it answered)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+#: MLflow's characters for a parameter's or a metric's name (mlflow/utils/validation.py): others become _.
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./ ")
+
+
+def _mlflow_name(key: str) -> str:
+    return "".join(c if c in _NAME_CHARS else "_" for c in key)
 
 
 def _credentials_header() -> dict[str, str]:
@@ -98,7 +110,8 @@ class MLflowREST:
                 return answer.read(ANSWER_BYTES_MAX)
         except urllib.error.HTTPError as err:
             detail = err.read(2048).decode(errors="replace")
-            raise TrackerError(f"{request.get_method()} {request.full_url}: HTTP {err.code}: {detail}") from None
+            raise TrackerError(f"{request.get_method()} {request.full_url}: HTTP {err.code}: {detail}",
+                               err.code) from None
         except (urllib.error.URLError, OSError, ValueError) as err:
             raise TrackerError(f"{request.get_method()} {request.full_url}: {err}") from None
 
@@ -149,13 +162,25 @@ def flat_params(value: Any, prefix: str = "") -> dict[str, str]:
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     if len(text) > PARAM_VALUE_MAX:
         text = text[: PARAM_VALUE_MAX - 14] + "... (cut here)"
-    return {prefix[:PARAM_KEY_MAX]: text}
+    return {_mlflow_name(prefix)[:PARAM_KEY_MAX]: text}
 
 
 def row_metrics(row: dict[str, Any]) -> dict[str, float]:
     """A metrics.jsonl row as metrics, named as in TensorBoard (`rollout/mean_return`, `train/loss`): a
     person finds the same curve under the same name in both."""
     return tensorboard_log.row_scalars(row)
+
+
+def _refused_or_sent(rest: MLflowREST, batch: dict[str, Any]) -> None:
+    """One log-batch. One the server refuses as malformed (HTTP 400) is dropped, and said, rather than
+    tried again for ever with everything after it waiting; any other failure is the tracker's, for later."""
+    try:
+        rest.call("POST", "runs/log-batch", batch)
+    except TrackerError as err:
+        if err.status != 400:
+            raise
+        log.warning("MLflow refused a batch of %d parameters and %d metric points, dropped: %s",
+                    len(batch.get("params", [])), len(batch.get("metrics", [])), err)
 
 
 class _Outbox:
@@ -184,8 +209,7 @@ class _Outbox:
             params = list(self.params.items())
         for i in range(0, len(params), PARAMS_PER_BATCH):
             chunk = params[i:i + PARAMS_PER_BATCH]
-            rest.call("POST", "runs/log-batch", {"run_id": run_id,
-                                                 "params": [{"key": k, "value": v} for k, v in chunk]})
+            _refused_or_sent(rest, {"run_id": run_id, "params": [{"key": k, "value": v} for k, v in chunk]})
             with self.lock:
                 for key, _ in chunk:
                     self.params.pop(key, None)
@@ -195,7 +219,7 @@ class _Outbox:
             if not batch:
                 break
             try:
-                rest.call("POST", "runs/log-batch", {"run_id": run_id, "metrics": batch})
+                _refused_or_sent(rest, {"run_id": run_id, "metrics": batch})
             except TrackerError:
                 self.add_points(batch, front=True)
                 raise
