@@ -43,7 +43,8 @@ PHASES = re.compile(r"scripts/test: phase times: (.*); whole run: (\d+) s \(exit
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", re.MULTILINE)
 #: pytest's --durations lines: "123.45s call     tests/e2e/test_x.py::test_y"
 SLOWEST = re.compile(r"^([\d.]+)s (call|setup|teardown) +(\S+)$", re.MULTILINE)
-WORKERS = re.compile(r"^created: (\d+)/\d+ workers", re.MULTILINE)
+#: xdist's own line (without -q), or scripts/test's (pytest -q prints no worker count).
+WORKERS = re.compile(r"^(?:created: (\d+)/\d+ workers|scripts/test: test workers: (\d+))", re.MULTILINE)
 #: The budget docs/testing.md states: the tests phase of a warm run, and a whole cold run (a new machine).
 BUDGET_SECONDS = {"warm": {"tests": 35 * 60}, "cold": {"whole run": 60 * 60}}
 
@@ -57,7 +58,7 @@ def parse(text: str) -> dict:
     workers = WORKERS.findall(text)
     return {"phase_seconds": phases, "scripts_test_seconds": int(m[2]), "exit_code": int(m[3]),
             "pytest_summary": summary[-1] if summary else None,
-            "test_workers": int(workers[-1]) if workers else 1,
+            "test_workers": int(next(n for n in workers[-1] if n)) if workers else None,
             "slowest": [{"seconds": float(sec), "when": when, "test": test}
                         for sec, when, test in SLOWEST.findall(text)][:15],
             "failed": re.findall(r"^FAILED (\S+)", text, re.MULTILINE),

@@ -130,6 +130,9 @@ def test_the_ci_benchmark_reads_the_phases_the_slowest_tests_and_the_workers_fro
     assert (parsed["scripts_test_seconds"], parsed["exit_code"], parsed["test_workers"]) == (5291, 1, 3)
     assert parsed["pytest_summary"] == "1 failed, 1257 passed, 2 skipped"
     assert parsed["failed"] == ["tests/integration/test_sweep_train.py::test_resume"]
+    # pytest -q prints no worker count: scripts/test's line says it; a log with neither has no figure.
+    assert bench_ci.parse(log.replace("created: 3/3 workers", "scripts/test: test workers: 3"))["test_workers"] == 3
+    assert bench_ci.parse(log.replace("created: 3/3 workers", ""))["test_workers"] is None
     assert parsed["slowest"] == [
         {"seconds": 410.5, "when": "call", "test": "tests/e2e/test_e2e_faults.py::test_ray_head_killed"},
         {"seconds": 30.1, "when": "setup", "test": "tests/e2e/test_e2e_cluster.py::test_cartpole"}]
