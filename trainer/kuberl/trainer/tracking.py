@@ -47,6 +47,9 @@ QUEUED_POINTS_MAX = 200_000
 ANSWER_BYTES_MAX = 1 << 20
 #: Waits between tries while the tracker is down, doubling up to the last.
 BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0)
+#: Seconds between sends while the tracker answers: the rows of a fast run go in one request, not one each
+#: (each is the tracker's CPU and this process's; bench/bench_tracking.py measured one request a row).
+SEND_INTERVAL_SECONDS = 2.0
 
 
 class TrackerError(Exception):
@@ -259,6 +262,7 @@ class Tracker:
         self.last_error = ""
         self.outbox = _Outbox()
         self._wake = threading.Event()
+        self._closing = threading.Event()
         self._done = threading.Event()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
@@ -297,6 +301,7 @@ class Tracker:
         most `wait` seconds (default flush_seconds); returns whether all of it got there."""
         with self.outbox.lock:
             self.outbox.end_status = status
+        self._closing.set()
         self._wake.set()
         self._done.wait(self.flush_seconds if wait is None else wait)
         sent = self._done.is_set()
@@ -325,8 +330,8 @@ class Tracker:
                 self.reachable, self.last_error = False, str(err)
                 delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                # A close() wakes it at once for a last try; otherwise it waits out the backoff.
-                self._wake.wait(delay)
+                # A close() cuts the backoff short for a last try; new rows do not.
+                self._closing.wait(delay)
                 self._wake.set()
                 continue
             if self.reachable is False:
@@ -335,6 +340,7 @@ class Tracker:
             if finished:
                 self._done.set()
                 return
+            self._closing.wait(SEND_INTERVAL_SECONDS)  # what comes meanwhile goes in the next request
 
     def _open_run(self) -> None:
         """The run to log to: the one a resumed directory logged to, or a new one (its id kept in run_file)."""

@@ -2,7 +2,7 @@
 learner pod's credentials straight from the Secret, what the tracker sends (parameters cut to MLflow's
 sizes, metrics named as in TensorBoard), a run directory's run file as hostile data, and the job's
 TrackerReachable condition from the learner's /metrics. The tracker against a real MLflow server:
-tests/integration/test_tracking.py."""
+tests/integration/test_mlflow_tracking.py."""
 
 from __future__ import annotations
 
