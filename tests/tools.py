@@ -187,22 +187,23 @@ class MLflowServer:
     """A real tracking server (tests, bench/bench_tracking.py): `mlflow server` on loopback with a SQLite
     store and its artifact proxy; `query` runs MLflow's own client in the server's virtualenv."""
 
-    def __init__(self, directory: Path):
-        self.venv, self.directory = tool_venv("mlflow", MLFLOW, MLFLOW_CONSTRAINTS), directory
+    def __init__(self, directory: Path, host: str = "127.0.0.1"):
+        """`host`: the address it listens on: loopback, or a bed network's gateway for the bed's pods."""
+        self.venv, self.directory, self.host = tool_venv("mlflow", MLFLOW, MLFLOW_CONSTRAINTS), directory, host
         self.proc: subprocess.Popen | None = None
         self.uri = ""
 
     def start(self) -> None:
         for _ in range(3):  # a port taken between the pick and the bind: another port
-            port = free_port()
+            port = free_port(self.host)
             log = (self.directory / "server.log").open("w")
             self.proc = subprocess.Popen(
-                [str(self.venv / "bin" / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+                [str(self.venv / "bin" / "mlflow"), "server", "--host", self.host, "--port", str(port),
                  "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
                  "--artifacts-destination", str(self.directory / "artifacts")],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "MLFLOW_TRACKING_URI": ""})
-            self.uri = f"http://127.0.0.1:{port}"
+            self.uri = f"http://{self.host}:{port}"
             deadline = time.monotonic() + 300
             while self.proc.poll() is None and time.monotonic() < deadline:
                 if _answers(f"{self.uri}/health"):

@@ -573,14 +573,30 @@ def own_tolerations(pod: dict) -> list[dict]:
             if not (t.get("key") in added and t.get("effect") == "NoExecute" and t.get("tolerationSeconds") == 300)]
 
 
-def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_sidecar(bed):
+@pytest.fixture
+def mlflow_on_bed(bed, tmp_path):
+    """A real `mlflow server` listening on the bed network's gateway, which the bed's pods reach."""
+    from tools import MLflowServer
+
+    server = MLflowServer(tmp_path, host=bed.gateway)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_sidecar(bed, mlflow_on_bed):
+    """Also MLflow tracking from a learner pod: a real `mlflow server` on the bed network's gateway, its
+    token from the same Secret (spec.tracking.mlflow.credentialsSecret), the run read back with MLflow's
+    own client."""
     import base64
 
     from bed.cluster_bed import TRAINER_IMAGE
 
+    mlflow = mlflow_on_bed
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tracking", "namespace": NS},
               "type": "Opaque", "data": {"api-key": base64.b64encode(b"s3cr3t").decode(),
-                                         "ENDPOINT": base64.b64encode(b"https://tracking.example").decode()}}
+                                         "ENDPOINT": base64.b64encode(b"https://tracking.example").decode(),
+                                         "token": base64.b64encode(b"t0ken").decode()}}
     toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     job = example("cartpole-ppo.yaml", **{
         # A simulator with a speed limit (as in the Ray token test): the job runs while its containers are read.
@@ -588,6 +604,7 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
                         "kwargs": {"step_seconds": 0.005, "episode_steps": 200}},
         "stopping": {"targetReturn": 10_000, "maxEnvSteps": 60_000, "maxWallClockSeconds": 600},
         "evaluation": {"episodes": 2},
+        "tracking": {"mlflow": {"trackingUri": mlflow.uri, "experiment": "e2e", "credentialsSecret": "tracking"}},
         "learner.template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
             "tolerations": [toleration],
             "containers": [{"name": "learner",
@@ -636,14 +653,37 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
     assert env["TRACKING_ENDPOINT"] == "https://tracking.example"
     assert env["KUBERL_JOB_SPEC_FILE"] == "/etc/kuberl/job/job.json"
     assert env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64
+    # The tracker's token straight from the Secret; the keys the Secret lacks set nothing.
+    assert env["MLFLOW_TRACKING_TOKEN"] == "t0ken" and "MLFLOW_TRACKING_USERNAME" not in env
     handed = json.loads(bed.podman("exec", learner, "cat", env["KUBERL_JOB_SPEC_FILE"]).stdout)
     assert handed["metadata"]["name"] == "templated" and "template" in handed["spec"]["learner"]
     shown = bed.podman("exec", learner, "sh", "-c", "cat /etc/tracking/api-key && echo && touch /scratch/ok && echo writable")
     assert shown.stdout.split() == ["s3cr3t", "writable"], shown.stdout + shown.stderr
 
     wait_complete(bed, "templated", 600)
-    assert learner_figures(bed, "templated")["progress"]["envSteps"] >= 60_000
+    status = learner_figures(bed, "templated")
+    assert status["progress"]["envSteps"] >= 60_000
+    assert {c["type"]: c["status"] for c in status["conditions"]}["TrackerReachable"] == "True", status
+    # The learner pod's run in MLflow: every iteration at its env steps, ended, its files and policy kept.
+    seen = mlflow.query(MLFLOW_RUN, job="templated")
+    assert seen["status"] == "FINISHED" and seen["params"]["environment.id"].endswith("LatencyEnv"), seen
+    progress = status["progress"]
+    assert len(seen["steps"]) == progress["iterations"] and seen["steps"][-1] == progress["envSteps"], seen["steps"]
+    assert {"summary.json", "learning_curve.svg", "policy/weights.npz"} <= set(seen["files"]), seen["files"]
     delete_and_check_nothing_left(bed, "templated")
+
+
+MLFLOW_RUN = """
+exp = client.get_experiment_by_name("e2e")
+run = client.search_runs([exp.experiment_id], filter_string=f"tags.`kuberl.job` = '{job}'")[0]
+files = []
+def walk(path=None):
+    for f in client.list_artifacts(run.info.run_id, path):
+        walk(f.path) if f.is_dir else files.append(f.path)
+walk()
+out = {"status": run.info.status, "params": run.data.params, "files": sorted(files),
+       "steps": [p.step for p in client.get_metric_history(run.info.run_id, "rollout/env_steps")]}
+"""
 
 
 def test_an_owned_field_in_a_template_is_refused_as_invalid_spec_before_any_pod(bed):
