@@ -273,6 +273,8 @@ def run_argv(agent: NodeAgent, runner: PodRunner, spec: Body, podman_name: str,
         value = env.get("value")
         if value is None and "valueFrom" in env:
             value = env_value(agent, runner, env["valueFrom"])
+            if value is None:  # an optional key that is not there: no variable, as on a node
+                continue
         argv += ["--env", f"{env['name']}={value or ''}"]
     if spec.get("workingDir"):
         argv += ["--workdir", spec["workingDir"]]
@@ -300,8 +302,9 @@ def run_argv(agent: NodeAgent, runner: PodRunner, spec: Body, podman_name: str,
     return argv
 
 
-def env_value(agent: NodeAgent, runner: PodRunner, source: Mapping[str, Any]) -> str:
-    """An env entry's valueFrom: a downward API field of the pod, or a Secret's key."""
+def env_value(agent: NodeAgent, runner: PodRunner, source: Mapping[str, Any]) -> str | None:
+    """An env entry's valueFrom: a downward API field of the pod, or a Secret's key (None: an optional
+    key, or Secret, that is not there)."""
     path = (source.get("fieldRef") or {}).get("fieldPath")
     if path:
         return runner._field(path)
@@ -310,6 +313,8 @@ def env_value(agent: NodeAgent, runner: PodRunner, source: Mapping[str, Any]) ->
         secret = agent.api.get(f"/api/v1/namespaces/{runner.ns}/secrets/{ref['name']}")
         data = (secret or {}).get("data") or {}
         if ref["key"] not in data:
+            if ref.get("optional"):
+                return None
             raise LookupError(f"CreateContainerConfigError: secret {ref['name']!r} or its key "
                               f"{ref['key']!r} not found")
         return base64.b64decode(data[ref["key"]]).decode()
