@@ -7,6 +7,9 @@ kubelet puts them into the pod's status, and the operator parses them as it pars
 
 from __future__ import annotations
 
+import pytest
+
+from kuberl.api.job import StopReason
 from kuberl.operator import builders
 from kuberl.operator.pods import PodView
 from kuberl.operator.status import parse_learner_metrics
@@ -24,6 +27,7 @@ def finished_metrics(tmp_path, monkeypatch) -> str:
     metrics.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
     metrics.set("kuberl_checkpoint_iteration", 812)
     metrics.set("kuberl_job_finished", 1)
+    metrics.set_stopped_by("max_env_steps")
     metrics.mark_first_step(1_700_000_100.0)
     metrics.mark_first_step(1_700_000_900.0)  # the first is kept
     path = tmp_path / "termination-log"
@@ -42,6 +46,31 @@ def test_the_final_metrics_fit_a_termination_message_and_parse_as_a_scrape(tmp_p
                                  "vs-random-first": {"winRate": 0.99}}
     assert report.last_checkpoint == "ckpt-000000812.pt"
     assert report.first_step_time == 1_700_000_100.0
+    assert report.stopped_by == StopReason.MAX_ENV_STEPS
+
+
+def test_why_training_stopped_is_a_reason_kuberl_knows_or_none():
+    line = 'kuberl_stopped_by{{job_name="ttt",namespace="ml",algorithm="DQN",environment="e",reason="{}"}} {}\n'
+    base = "kuberl_episodes_total 1\nkuberl_job_finished 1\n"
+    assert parse_learner_metrics(base + line.format("target_return", 1), "ttt").stopped_by == StopReason.TARGET_RETURN
+    for reason, value in (("rm -rf /", 1), ("x" * 200, 1), ("target_return", 0)):
+        assert parse_learner_metrics(base + line.format(reason, value), "ttt").stopped_by is None
+    with pytest.raises(ValueError, match="characters long"):  # a line past the read limit: nothing is read
+        parse_learner_metrics(base + line.format("x" * 5000, 1), "ttt")
+    # Only a finished learner's reason counts: one still training has not stopped.
+    running = "kuberl_episodes_total 1\nkuberl_job_finished 0\n" + line.format("max_env_steps", 1)
+    assert parse_learner_metrics(running, "ttt").stopped_by is None
+
+
+def test_a_finished_jobs_summary_says_which_rule_stopped_it():
+    from kuberl.api.job import RLTrainingJobStatus
+    from kuberl.operator.phases import summary
+
+    status = RLTrainingJobStatus(phase="Succeeded", stoppedBy="target_return",
+                                 progress={"episodes": 310, "envSteps": 67_584, "meanReturn": 476.25})
+    assert summary(status) == ("training finished (reached stopping.targetReturn): 310 episodes, 67584 env steps, "
+                               "mean return 476.2")
+    assert summary(RLTrainingJobStatus(phase="Succeeded")).startswith("training finished: 0 episodes")
 
 
 def test_the_time_to_first_step_counts_from_this_process_start():

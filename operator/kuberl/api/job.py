@@ -909,6 +909,16 @@ class RLTrainingJobSpec(_Model):
 # --------------------------------------------------------------------------------------------
 
 
+class StopReason(str, enum.Enum):
+    """Why training stopped: the first stopping rule met, or SIGTERM (the learner's pod was asked to stop)."""
+
+    TARGET_RETURN = "target_return"
+    MAX_ENV_STEPS = "max_env_steps"
+    MAX_EPISODES = "max_episodes"
+    MAX_WALL_CLOCK_SECONDS = "max_wall_clock_seconds"
+    SIGNAL = "signal"
+
+
 class Phase(str, enum.Enum):
     PENDING = "Pending"
     QUEUED = "Queued"
@@ -960,6 +970,9 @@ class RLTrainingJobStatus(_Model):
     progress: Progress = Field(default_factory=Progress, description="Training progress from the learner.")
     last_checkpoint: str | None = Field(default=None, description="Newest checkpoint file.")
     last_checkpoint_time: datetime | None = Field(default=None, description="When it was written.")
+    stopped_by: StopReason | None = Field(
+        default=None, description="Why training stopped, from the learner's final metrics: the stopping rule "
+                                  "met first (target_return, max_env_steps, max_episodes, max_wall_clock_seconds).")
     evaluation: dict[str, Any] | None = Field(
         default=None,
         description="Final evaluation results by suite.",

@@ -647,6 +647,8 @@ def _take_report(status: RLTrainingJobStatus, report: job_status.LearnerReport |
         status.last_checkpoint = report.last_checkpoint
     if report.evaluation is not None:
         status.evaluation = report.evaluation
+    if report.stopped_by is not None:
+        status.stopped_by = report.stopped_by
 
 
 def _tracker_condition(status: RLTrainingJobStatus, reachable: bool, now: datetime, generation: int | None) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from kuberl.api.job import Phase, RLTrainingJob, RLTrainingJobStatus
+from kuberl.api.job import Phase, RLTrainingJob, RLTrainingJobStatus, StopReason
 from kuberl.operator import status as job_status
 
 
@@ -67,10 +67,21 @@ def phase_message(status: RLTrainingJobStatus, job: RLTrainingJob | None) -> str
     return status.message or ""
 
 
+#: A finished job's stop reason in a user's words, naming the spec field that stopped it.
+STOPPED_BY_TEXT = {
+    StopReason.TARGET_RETURN: "reached stopping.targetReturn",
+    StopReason.MAX_ENV_STEPS: "reached stopping.maxEnvSteps",
+    StopReason.MAX_EPISODES: "reached stopping.maxEpisodes",
+    StopReason.MAX_WALL_CLOCK_SECONDS: "reached stopping.maxWallClockSeconds",
+    StopReason.SIGNAL: "stopped by SIGTERM",
+}
+
+
 def summary(status: RLTrainingJobStatus) -> str:
     """A finished job's one line: what training did."""
     progress = status.progress
-    text = f"training finished: {progress.episodes} episodes, {progress.env_steps} env steps"
+    why = f" ({STOPPED_BY_TEXT[StopReason(status.stopped_by)]})" if status.stopped_by else ""
+    text = f"training finished{why}: {progress.episodes} episodes, {progress.env_steps} env steps"
     if progress.mean_return is not None:
         text += f", mean return {progress.mean_return:.4g}"
     return text

@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberl.api.job import Condition, EvaluationSpec, Progress, RLTrainingJobStatus
+from kuberl.api.job import Condition, EvaluationSpec, Progress, RLTrainingJobStatus, StopReason
 
 #: Condition types, all present once a job has been reconciled (status "True" or "False").
 RUNNING = "Running"
@@ -21,6 +21,7 @@ COMPLETE = "Complete"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 CONDITION_TYPES = (RUNNING, DEGRADED, COMPLETE, FAILED, SUSPENDED)
+STOP_REASONS = frozenset(reason.value for reason in StopReason)
 #: Only on a job with spec.tracking, once its learner has tried the tracker.
 TRACKER_REACHABLE = "TrackerReachable"
 
@@ -182,8 +183,11 @@ class LearnerReport:
 
     def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool,
                  last_checkpoint: str | None = None, evaluation: dict[str, Any] | None = None,
-                 first_step_time: float | None = None, tracker_reachable: bool | None = None):
+                 first_step_time: float | None = None, tracker_reachable: bool | None = None,
+                 stopped_by: StopReason | None = None):
         self.progress = progress
+        #: Why training stopped, once the learner has finished.
+        self.stopped_by = stopped_by
         #: Whether the experiment tracker answers the learner; None without one (or before it has tried).
         self.tracker_reachable = tracker_reachable
         self.last_checkpoint_time = last_checkpoint_time
@@ -194,15 +198,17 @@ class LearnerReport:
         self.first_step_time = first_step_time
 
 
-def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], dict[str, float]]:
-    """The first finite value of each sample name (job_name's, or unlabelled), and win rates by suite.
-    A sample that is NaN, infinite or past float's range is skipped, as if the learner had not sent it."""
+def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], dict[str, float], StopReason | None]:
+    """The first finite value of each sample name (job_name's, or unlabelled), win rates by suite, and why
+    training stopped (a reason KubeRL knows, else none). A sample that is NaN, infinite or past float's
+    range is skipped, as if the learner had not sent it."""
     for number, line in enumerate(text.split("\n"), start=1):
         if len(line) > MAX_METRICS_LINE_CHARS:
             raise ValueError(f"line {number} of the metrics is {len(line)} characters long; the most read is "
                              f"{MAX_METRICS_LINE_CHARS} (a learner's longest is under 600)")
     samples: dict[str, float] = {}
     win_rates: dict[str, float] = {}
+    stopped_by: StopReason | None = None
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -218,10 +224,14 @@ def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], di
                     if len(suite) <= MAX_SUITE_NAME and (suite in win_rates or len(win_rates) < MAX_SUITES):
                         win_rates[suite] = value
                     continue
+                if sample.name == "kuberl_stopped_by":
+                    if value >= 1.0 and stopped_by is None and sample.labels.get("reason") in STOP_REASONS:
+                        stopped_by = StopReason(sample.labels["reason"])
+                    continue
                 samples.setdefault(sample.name, value)
     except OverflowError as err:  # a sample timestamp past float's range
         raise ValueError(f"the metrics are not Prometheus text format: {err}") from None
-    return samples, win_rates
+    return samples, win_rates, stopped_by
 
 
 def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerReport:
@@ -231,7 +241,7 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     (a wrong URL answering 200 must not zero a job's progress). The text may be hostile (the learner pod
     is the tenant's): no NaN, infinity or number the API server cannot store reaches the report.
     """
-    samples, win_rates = _read_samples(text, job_name)
+    samples, win_rates, stopped_by = _read_samples(text, job_name)
     if not any(name in samples for name in PROGRESS_METRICS):
         raise ValueError("no kuberl_* progress metrics in the response")
     checkpoint_time = _timestamp(samples.get(CHECKPOINT_METRIC))
@@ -249,7 +259,7 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     reachable = samples.get("kuberl_tracker_reachable")
     return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation,
                          first_step if first_step is not None and first_step > 0 else None,
-                         None if reachable is None else reachable >= 1.0)
+                         None if reachable is None else reachable >= 1.0, stopped_by if finished else None)
 
 
 def time_to_first_step(first_step_time: float | None, created: datetime | None, now: datetime) -> float | None:

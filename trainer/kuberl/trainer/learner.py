@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from kuberl.api.job import CollectionMode, RLTrainingJob, RLTrainingJobSpec
+from kuberl.api.job import CollectionMode, RLTrainingJob, RLTrainingJobSpec, StopReason
 from kuberl.trainer.accounting import Counters, RateWindow, Tally, metrics_row, publish_iteration
 from kuberl.trainer.metrics import LearnerMetrics
 from kuberl.trainer.report import RunReport
@@ -254,19 +254,19 @@ def stop_reason(loop: Loop) -> str | None:
     """The first stopping rule met (SIGTERM first), or None to go on."""
     stopping = loop.spec.stopping
     if loop.stop_signal["set"]:
-        return "signal"
+        return StopReason.SIGNAL.value
     if (stopping.target_return is not None and len(loop.recent_returns) >= stopping.return_window
             and float(np.mean(loop.recent_returns)) >= stopping.target_return):
         if loop.solved_at is None:
             loop.solved_at = loop.counters.wall_clock
-        return "target_return"
+        return StopReason.TARGET_RETURN.value
     if stopping.max_env_steps is not None and loop.counters.env_steps >= stopping.max_env_steps:
-        return "max_env_steps"
+        return StopReason.MAX_ENV_STEPS.value
     if stopping.max_episodes is not None and loop.counters.episodes >= stopping.max_episodes:
-        return "max_episodes"
+        return StopReason.MAX_EPISODES.value
     if (stopping.max_wall_clock_seconds is not None
             and time.perf_counter() - loop.start >= stopping.max_wall_clock_seconds):
-        return "max_wall_clock_seconds"
+        return StopReason.MAX_WALL_CLOCK_SECONDS.value
     return None
 
 

@@ -40,6 +40,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_evaluation_return_mean": ("gauge", "Mean return of the final deterministic evaluation."),
     "kuberl_evaluation_win_rate": ("gauge", "Win rate of an evaluation suite (two-player envs), labelled by suite."),
     "kuberl_job_finished": ("gauge", "1 once training has finished (stopping condition met), else 0."),
+    "kuberl_stopped_by": (
+        "gauge", "1 for the reason training stopped (label reason: target_return, max_env_steps, max_episodes, "
+                 "max_wall_clock_seconds, signal), once it has."),
     "kuberl_first_step_timestamp_seconds": (
         "gauge", "Unix time the learner first received env steps from its rollout workers (0 before)."),
     "kuberl_time_to_first_step_seconds": (
@@ -55,6 +58,8 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Metrics with a label of their own beside LABELS.
+EXTRA_LABELS = {"kuberl_evaluation_win_rate": ("suite",), "kuberl_stopped_by": ("reason",)}
 #: Metrics exported only once set: a job without a tracker has no tracker to call unreachable.
 ONLY_ONCE_SET = frozenset({"kuberl_tracker_reachable"})
 
@@ -78,7 +83,7 @@ class LearnerMetrics:
         self.labels = labels
         self._m: dict[str, object] = {}
         for name, (kind, help_text) in METRICS.items():
-            extra = ("suite",) if name == "kuberl_evaluation_win_rate" else ()
+            extra = EXTRA_LABELS.get(name, ())
             if kind == "counter":
                 metric = Counter(name.removesuffix("_total"), help_text, LABELS + extra, registry=self.registry)
             else:
@@ -113,6 +118,9 @@ class LearnerMetrics:
 
     def set_win_rate(self, suite: str, value: float) -> None:
         self._m["kuberl_evaluation_win_rate"].labels(*self.labels.values(), suite).set(value)
+
+    def set_stopped_by(self, reason: str) -> None:
+        self._m["kuberl_stopped_by"].labels(*self.labels.values(), reason).set(1)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the /metrics HTTP server; returns the bound port (port 0 picks a free one)."""

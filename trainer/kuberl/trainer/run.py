@@ -270,6 +270,7 @@ def _train_and_evaluate(run: _Run, loop: Loop, ray_seconds: float, timeline: Tim
     wait_before = counters.learner_wait
     run.reason = reason = run_loop(loop)
     log.info("training stopped: %s", reason)
+    metrics.set_stopped_by(reason)
     timeline.mark_split("collection", counters.learner_wait - wait_before, "learning")
     report.training_done()  # the learning curve is drawn in the background while the workers evaluate
     if reason == "signal":
