@@ -142,3 +142,32 @@ def test_the_jobs_status_says_whether_the_learner_reaches_its_tracker(job_dict):
     assert job_status.get_condition(up, job_status.TRACKER_REACHABLE).status == "True"
     # A job without a tracker has no such condition.
     assert job_status.get_condition(_pass(parse_job(job_dict), None), job_status.TRACKER_REACHABLE) is None
+
+
+def test_a_redirect_is_refused_not_followed_with_the_credentials(monkeypatch):
+    """A tracker answering 302 to elsewhere: the request fails (and is tried again later); nothing goes
+    to the other address."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            seen.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/elsewhere")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok")
+    try:
+        with pytest.raises(tracking.TrackerError) as err:
+            tracking.MLflowREST(f"http://127.0.0.1:{server.server_port}").call("GET", "experiments/get-by-name")
+    finally:
+        server.shutdown()
+    assert err.value.status == 302 and seen == ["/api/2.0/mlflow/experiments/get-by-name"]

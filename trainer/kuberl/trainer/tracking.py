@@ -78,6 +78,16 @@ def _credentials_header() -> dict[str, str]:
     return {}
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error here: followed, it would carry the credentials' header to wherever it points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 (urllib's signature)
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
+
 class MLflowREST:
     """The few calls a run needs, each bounded in time and in the bytes it reads back."""
 
@@ -109,7 +119,7 @@ class MLflowREST:
 
     def _send(self, request: urllib.request.Request) -> bytes:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:  # noqa: S310 (http/https: the spec's pattern)
+            with _OPENER.open(request, timeout=self.timeout) as answer:
                 return answer.read(ANSWER_BYTES_MAX)
         except urllib.error.HTTPError as err:
             detail = err.read(2048).decode(errors="replace")
