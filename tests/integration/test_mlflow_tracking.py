@@ -17,14 +17,12 @@ import threading
 import time
 
 import pytest
-import ray
 import yaml
 from tools import MLflowServer
 
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
 from kuberl.trainer.tracking import RUN_FILE
-from kuberl.trainer.workers import start_ray
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,15 +32,6 @@ def mlflow_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray(None, local_slots=2)
-    yield
-    ray.shutdown()
 
 
 def tracked_job(job_dict: dict, uri: str, name: str, max_env_steps: int = 8192) -> dict:

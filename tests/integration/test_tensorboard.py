@@ -9,15 +9,12 @@ import math
 import time
 from pathlib import Path
 
-import pytest
-import ray
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard_events import read_events
 
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
 from kuberl.trainer.tensorboard_log import evaluation_scalars, row_scalars
-from kuberl.trainer.workers import start_ray
 
 
 def test_row_fields_become_tags_by_section_and_fields_without_a_value_have_no_point():
@@ -39,15 +36,6 @@ def test_evaluation_numbers_are_tagged_by_their_path():
         "eval/deterministic/episodes": 4.0, "eval/deterministic/mean_return": 9.5,
         "eval/deterministic/std_return": 0.5, "eval/vs-random/win_rate": 0.75,
         "eval/vs-random/outcomes/win": 3.0, "eval/vs-random/outcomes/loss": 1.0}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    start_ray(None, local_slots=2)
-    yield
-    ray.shutdown()
 
 
 def _points(acc: EventAccumulator) -> dict[str, list[tuple[int, float]]]:

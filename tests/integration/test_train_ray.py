@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kuberl.api.load import parse_job
 from kuberl.trainer.run import TrainOptions, train
-from kuberl.trainer.workers import start_ray
 
 #: How the operator's pods start a Ray node (operator/kuberl/operator/builders.py RAY_START).
 RAY_START = [sys.executable, "-m", "kuberl.trainer.ray_node"]
@@ -45,13 +44,6 @@ def short_job(job_dict: dict, **stopping) -> dict:
     job_dict["spec"]["rolloutWorkers"]["envsPerWorker"] = 4
     job_dict["spec"]["evaluation"] = {"episodes": 4}
     return job_dict
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    start_ray(None, local_slots=2)
-    yield
-    ray.shutdown()
 
 
 def test_ppo_with_two_workers_serves_growing_counters(local_ray, job_dict, tmp_path):
