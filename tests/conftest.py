@@ -99,6 +99,21 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """An embedded Ray with two rollout slots for a module's runs, started fresh (a test before may have
+    left one) and shut down after the module."""
+    import ray
+
+    from kuberl.trainer.workers import start_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray(None, local_slots=2)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def job_dict() -> dict:
     """The CartPole PPO example as a dict, safe to mutate."""
