@@ -53,9 +53,10 @@ def walk(path=None):
         walk(f.path) if f.is_dir else files.append(f.path)
 walk()
 summary = json.load(open(client.download_artifacts(run.info.run_id, "summary.json", dst_path=dst)))
+log = open(client.download_artifacts(run.info.run_id, "learner.log", dst_path=dst)).read()
 out = {"runs": len(runs), "run_id": run.info.run_id, "status": run.info.status, "name": run.info.run_name,
        "params": run.data.params, "tags": run.data.tags, "metrics": run.data.metrics,
-       "steps": [[p.step, p.value] for p in history], "files": sorted(files), "summary": summary}
+       "steps": [[p.step, p.value] for p in history], "files": sorted(files), "summary": summary, "log": log}
 """
 
 
@@ -79,6 +80,8 @@ def test_a_run_logs_its_job_every_iteration_its_files_and_its_policy(mlflow_serv
     assert {"job.yaml", "summary.json", "evaluation.json", "metrics.csv", "learning_curve.svg",
             "policy/policy.json", "policy/weights.npz"} <= set(seen["files"]), seen["files"]
     assert seen["summary"] == json.loads((tmp_path / "run" / "summary.json").read_text())
+    # The learner's last log lines: what happened, once the pods and their logs are gone.
+    assert "training stopped: max_env_steps" in seen["log"], seen["log"][-2000:]
     # A resumed run goes on in the same MLflow run.
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["run_id"] == seen["run_id"]
 

@@ -252,8 +252,33 @@ class _Outbox:
         return True
 
 
+#: The learner's last log lines a run keeps as its artifact `learner.log`: what happened, after the pods
+#: (and their logs) are gone.
+LOG_TAIL_LINES = 500
+LOG_FILE = "learner.log"
+
+
+class LogTail(logging.Handler):
+    """The last LOG_TAIL_LINES records of KubeRL's loggers, formatted as the console shows them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # noqa: BLE001 (a record that does not format is not worth a failed run)
+            self.handleError(record)
+
+    def text(self) -> bytes:
+        return ("\n".join(self.lines) + "\n").encode(errors="replace")
+
+
 class Tracker:
-    """One MLflow run, written from a background thread; `close()` waits at most `flush_seconds` for it."""
+    """One MLflow run, written from a background thread; `close()` waits at most `flush_seconds` for it.
+    The run's last log lines go with its end, as `learner.log`."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, *, parent_run_id: str | None = None,
                  tags: dict[str, str] | None = None, flush_seconds: float = 30.0, timeout: float = 10.0,
@@ -277,6 +302,8 @@ class Tracker:
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
         self._thread.start()
+        self.log_tail = LogTail()
+        logging.getLogger("kuberl").addHandler(self.log_tail)
 
     def run_id_within(self, seconds: float) -> str | None:
         """The run's id once the tracker has made it, waiting at most `seconds` (a sweep's trials name
@@ -309,7 +336,9 @@ class Tracker:
     def close(self, status: str = "FINISHED", wait: float | None = None) -> bool:
         """End the run with `status` (FINISHED, FAILED, KILLED) once everything queued is sent, waiting at
         most `wait` seconds (default flush_seconds); returns whether all of it got there."""
+        logging.getLogger("kuberl").removeHandler(self.log_tail)
         with self.outbox.lock:
+            self.outbox.artifacts.append((LOG_FILE, self.log_tail.text()))
             self.outbox.end_status = status
         self._closing.set()
         self._wake.set()
