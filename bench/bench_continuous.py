@@ -1,13 +1,19 @@
-"""SAC on Pendulum-v1, KubeRL against Stable-Baselines3 in the same run, 5 seeds each: KubeRL's SAC with
-its defaults through `kuberl sweep examples/sweeps/pendulum-sac-seeds.yaml` (as a user runs it, one trial
-at a time), SB3's SAC with rl-baselines3-zoo's Pendulum-v1 settings (bench/peer_sb3_continuous.py, one
-thread), one seed after another. Both train 20,000 env steps and are scored by the same greedy
-evaluation (20 episodes, seeds 10000..10019): its IQM over the seeds with a 95% bootstrap interval
-(kuberl.sweep.statistics, the sweep's own ranking statistics), how many seeds reach -200, and the time of
-the whole command (the sweep; each SB3 process) beside each trial's training clock.
+"""SAC or TD3 on Pendulum-v1, KubeRL against Stable-Baselines3 in the same run, 5 seeds each, each through
+its own command as a user runs it, one seed after another; both train 20,000 env steps and are scored by
+the same greedy evaluation (20 episodes, seeds 10000..10019): its IQM over the seeds with a 95% bootstrap
+interval (kuberl.sweep.statistics, the sweep's own ranking statistics), how many seeds reach -200, and the
+time of the whole command (the sweep; each SB3 process) beside each trial's training clock.
 
-    bash bench/make_peer_venvs.sh sb3                 # once: SB3's own virtualenv
-    .venv/bin/python bench/bench_continuous.py        # bench/results/continuous.json
+- SAC (`--algo sac`, bench/results/continuous.json): KubeRL's defaults through `kuberl sweep
+  examples/sweeps/pendulum-sac-seeds.yaml` against SB3 with rl-baselines3-zoo's Pendulum-v1 settings.
+- TD3 (`--algo td3`, bench/results/continuous_td3.json): both with rl-baselines3-zoo's Pendulum-v1 settings
+  (`examples/sweeps/pendulum-td3-zoo-seeds.yaml`: CleanRL's defaults, for 1M-step MuJoCo runs, start
+  learning after 25,000 env steps, past this budget), so the implementations are compared, not defaults.
+
+SB3 runs with one thread (bench/peer_sb3_continuous.py).
+
+    bash bench/make_peer_venvs.sh sb3                       # once: SB3's own virtualenv
+    .venv/bin/python bench/bench_continuous.py [--algo td3]
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ from typing import Any
 
 from common import BENCH, EXAMPLES, REPO, RESULT_PREFIX, RESULTS, Bench, load_average
 
-SWEEP = EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml"
+SWEEPS = {"sac": EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml",
+          "td3": EXAMPLES / "sweeps" / "pendulum-td3-zoo-seeds.yaml"}
+OUTPUTS = {"sac": RESULTS / "continuous.json", "td3": RESULTS / "continuous_td3.json"}
 TARGET = -200.0
 
 
 def arguments(p) -> None:
+    p.add_argument("--algo", choices=sorted(SWEEPS), default="sac")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--sb3-python", default=str(BENCH / ".venvs" / "sb3" / "bin" / "python"))
 
@@ -40,11 +49,11 @@ def interval(values: list[float]) -> dict[str, Any]:
     return {"iqm": round(i.estimate, 1), "low": round(i.low, 1), "high": round(i.high, 1)}
 
 
-def run_kuberl(seeds: int) -> dict[str, Any]:
+def run_kuberl(sweep: Path, seeds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-continuous-") as tmp:
         load = load_average()
         t0 = time.perf_counter()
-        proc = subprocess.run([str(REPO / ".venv" / "bin" / "kuberl"), "sweep", str(SWEEP), "--dir", tmp],
+        proc = subprocess.run([str(REPO / ".venv" / "bin" / "kuberl"), "sweep", str(sweep), "--dir", tmp],
                               cwd=REPO, capture_output=True, text=True, check=False)
         whole = time.perf_counter() - t0
         if proc.returncode != 0:
@@ -57,17 +66,17 @@ def run_kuberl(seeds: int) -> dict[str, Any]:
                            "evaluation_return": round(float(row["evaluation_return"]), 1),
                            "training_seconds": summary.get("wall_clock")})
     returns = [t["evaluation_return"] for t in trials]
-    return {"command": f"kuberl sweep {SWEEP.relative_to(REPO)}", "whole_command_seconds": round(whole, 1),
+    return {"command": f"kuberl sweep {sweep.relative_to(REPO)}", "whole_command_seconds": round(whole, 1),
             "loadavg_start": load, "trials": trials, "evaluation_return": interval(returns),
             "seeds_at_target": sum(r >= TARGET for r in returns)}
 
 
-def run_sb3(python: str, seeds: int) -> dict[str, Any]:
+def run_sb3(python: str, algo: str, seeds: int) -> dict[str, Any]:
     trials, total = [], 0.0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     for seed in range(seeds):
         t0 = time.perf_counter()
-        proc = subprocess.run([python, str(BENCH / "peer_sb3_continuous.py"), "--algo", "sac", "--seed", str(seed)],
+        proc = subprocess.run([python, str(BENCH / "peer_sb3_continuous.py"), "--algo", algo, "--seed", str(seed)],
                               cwd=REPO, capture_output=True, text=True, env=env, check=False)
         wall = time.perf_counter() - t0
         total += wall
@@ -80,23 +89,26 @@ def run_sb3(python: str, seeds: int) -> dict[str, Any]:
                        "training_seconds": result["train_seconds"], "process_seconds": round(wall, 1)})
         print(f"sb3 seed {seed}: {trials[-1]}", file=sys.stderr, flush=True)
     returns = [t["evaluation_return"] for t in trials]
-    return {"command": "bench/.venvs/sb3/bin/python bench/peer_sb3_continuous.py --algo sac --seed N, N = 0..4",
+    return {"command": f"bench/.venvs/sb3/bin/python bench/peer_sb3_continuous.py --algo {algo} --seed N, "
+                       f"N = 0..{seeds - 1}",
             "whole_command_seconds": round(total, 1), "trials": trials, "evaluation_return": interval(returns),
             "seeds_at_target": sum(r >= TARGET for r in returns)}
 
 
 def main() -> None:
-    bench = Bench(__doc__, RESULTS / "continuous.json", arguments)
+    bench = Bench(__doc__, None, arguments, output_help="the result file (default: bench/results/continuous.json "
+                                                        "for SAC, continuous_td3.json for TD3)")
     args = bench.args
+    bench.output = bench.output or OUTPUTS[args.algo]
     before = load_average()
-    ours = run_kuberl(args.seeds)
+    ours = run_kuberl(SWEEPS[args.algo], args.seeds)
     print(f"kuberl: {ours['evaluation_return']} in {ours['whole_command_seconds']} s", file=sys.stderr, flush=True)
-    peer = run_sb3(args.sb3_python, args.seeds)
+    peer = run_sb3(args.sb3_python, args.algo, args.seeds)
     results = {"task": "Pendulum-v1", "env_steps": 20_000, "target_return": TARGET, "loadavg_before": before,
-               "kuberl_sac": ours, "sb3_sac_zoo": peer}
+               f"kuberl_{args.algo}": ours, f"sb3_{args.algo}_zoo": peer}
     summary = {
-        "kuberl_sac_evaluation_iqm": ours["evaluation_return"],
-        "sb3_sac_evaluation_iqm": peer["evaluation_return"],
+        f"kuberl_{args.algo}_evaluation_iqm": ours["evaluation_return"],
+        f"sb3_{args.algo}_evaluation_iqm": peer["evaluation_return"],
         "kuberl_seeds_at_target": f"{ours['seeds_at_target']} of {args.seeds}",
         "sb3_seeds_at_target": f"{peer['seeds_at_target']} of {args.seeds}",
         "whole_command_sb3_over_kuberl": round(peer["whole_command_seconds"] / ours["whole_command_seconds"], 2),
