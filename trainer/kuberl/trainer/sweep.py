@@ -57,11 +57,16 @@ def run_trial(job_data: dict[str, Any], run_dir: str, tracking_parent: str | Non
             loop.stop_signal["set"] = True
 
     job = parse_job(job_data, source=job_data["metadata"]["name"])
+    logger = logging.getLogger("kuberl")
+    level = logger.level
     with (directory / "console.txt").open("w") as console, contextlib.redirect_stdout(console):
-        logging.getLogger("kuberl").setLevel(logging.WARNING)
-        # Port 0: trials running side by side each serve their metrics on a free port.
-        train(job, TrainOptions(run_dir=directory, progress=False, shutdown_ray=False, metrics_port=0,
-                                on_iteration=on_iteration, tracking_parent=tracking_parent))
+        logger.setLevel(logging.WARNING)
+        try:
+            # Port 0: trials running side by side each serve their metrics on a free port.
+            train(job, TrainOptions(run_dir=directory, progress=False, shutdown_ray=False, metrics_port=0,
+                                    on_iteration=on_iteration, tracking_parent=tracking_parent))
+        finally:  # a process that runs more than a trial (a test) logs as before after it
+            logger.setLevel(level)
     return json.loads((directory / "summary.json").read_text())
 
 

@@ -303,7 +303,14 @@ class Tracker:
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
         self._thread.start()
         self.log_tail = LogTail()
-        logging.getLogger("kuberl").addHandler(self.log_tail)
+        kuberl_log = logging.getLogger("kuberl")
+        kuberl_log.addHandler(self.log_tail)
+        # The tail keeps INFO lines where nothing set KubeRL's level and the root logger is at Python's
+        # default (WARNING: a host process that never configured logging); a level someone set (a sweep's
+        # trial keeps its console to warnings) stays theirs.
+        self._level_set = kuberl_log.level == logging.NOTSET and kuberl_log.getEffectiveLevel() > logging.INFO
+        if self._level_set:
+            kuberl_log.setLevel(logging.INFO)
 
     def run_id_within(self, seconds: float) -> str | None:
         """The run's id once the tracker has made it, waiting at most `seconds` (a sweep's trials name
@@ -337,6 +344,9 @@ class Tracker:
         """End the run with `status` (FINISHED, FAILED, KILLED) once everything queued is sent, waiting at
         most `wait` seconds (default flush_seconds); returns whether all of it got there."""
         logging.getLogger("kuberl").removeHandler(self.log_tail)
+        if self._level_set:
+            logging.getLogger("kuberl").setLevel(logging.NOTSET)
+            self._level_set = False
         with self.outbox.lock:
             self.outbox.artifacts.append((LOG_FILE, self.log_tail.text()))
             self.outbox.end_status = status
