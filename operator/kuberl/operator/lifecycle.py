@@ -651,16 +651,16 @@ def _take_report(status: RLTrainingJobStatus, report: job_status.LearnerReport |
         status.stopped_by = report.stopped_by
 
 
+#: Why TrackerReachable is False, and what to check.
+TRACKER_UNREACHABLE = ("the learner cannot reach spec.tracking.mlflow.trackingUri: training goes on, and its metrics "
+                       "wait in the learner and are sent once the tracker answers (check the URL, the Secret, and "
+                       "the namespace's egress rules)")
+
+
 def _tracker_condition(status: RLTrainingJobStatus, reachable: bool, now: datetime, generation: int | None) -> None:
-    if reachable:
-        job_status.set_condition(status, job_status.TRACKER_REACHABLE, True, "Answering", "", at=now,
-                                 generation=generation)
-    else:
-        job_status.set_condition(
-            status, job_status.TRACKER_REACHABLE, False, "Unreachable",
-            "the learner cannot reach spec.tracking.mlflow.trackingUri: training goes on, and its metrics wait in "
-            "the learner and are sent once the tracker answers (check the URL, the Secret, and the namespace's "
-            "egress rules)", at=now, generation=generation)
+    job_status.set_condition(status, job_status.TRACKER_REACHABLE, reachable,
+                             "Answering" if reachable else "Unreachable", "" if reachable else TRACKER_UNREACHABLE,
+                             at=now, generation=generation)
 
 
 def _run_phase(pass_: _Pass, job: RLTrainingJob | None) -> None:

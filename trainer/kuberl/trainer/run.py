@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import ray
 
-from kuberl.api.job import Device, RLTrainingJob
+from kuberl.api.job import Device, RLTrainingJob, StopReason
 from kuberl.api.learner_slots import extra_learners
 from kuberl.trainer.accounting import Counters, publish_restored
 from kuberl.trainer.envs.resolve import EnvNotFound
 from kuberl.trainer.learner import Loop, checkpoint_when_due, evaluate, run_loop
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from kuberl.trainer.report import RunReport, Timeline
-from kuberl.trainer.tracking import tracker_for
+from kuberl.trainer.tracking import EXIT_WAIT_SECONDS, tracker_for
 from kuberl.trainer.workers import WorkerSet, start_ray, stop_local_ray_after_exit
 
 # torch (about 1 s to import) is imported by `_build_learner`, in a thread that runs while Ray starts.
@@ -104,7 +104,7 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
             log.exception("training failed")
         if run.report.tracker is not None:
             run.report.tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
-                                     wait=TRACKER_WAIT_ON_EXIT)
+                                     wait=EXIT_WAIT_SECONDS)
         raise
     finally:
         _teardown(run)
@@ -115,19 +115,14 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
     return result
 
 
-#: Seconds a run stopped by SIGTERM or failing gives its tracker to take what is queued: a pod being
-#: deleted has its grace period to keep, and the next learner goes on in the same run.
-TRACKER_WAIT_ON_EXIT = 5.0
-
-
 def _close_tracker(run: _Run, result: TrainResult) -> None:
     """The exported policy to the tracker, and the run ended there (or, stopped by SIGTERM, left to the
     learner that resumes it)."""
     tracker = run.report.tracker
     if tracker is None:
         return
-    if result.reason == "signal":
-        tracker.close("KILLED", wait=TRACKER_WAIT_ON_EXIT)
+    if result.reason == StopReason.SIGNAL.value:
+        tracker.close("KILLED", wait=EXIT_WAIT_SECONDS)
         return
     import tempfile
 

@@ -22,7 +22,7 @@ from typing import Any
 from kuberl.api.sweep import RLSweep, TrialState
 from kuberl.sweep.engine import SweepEngine, TrialInfo, TrialOutcome
 from kuberl.trainer.sweep_report import LiveTable, TrialRow, write_results
-from kuberl.trainer.tracking import flat_params, sweep_tracker
+from kuberl.trainer.tracking import EXIT_WAIT_SECONDS, flat_params, sweep_tracker
 
 #: A file in a trial's run directory that asks it to stop after its iteration (pruned, or past the deadline).
 STOP_FILE = "STOP"
@@ -251,7 +251,7 @@ def run_sweep(sweep: RLSweep, options: SweepOptions | None = None) -> SweepRun:
                 table.update()
     except BaseException:
         if run.tracker is not None:
-            run.tracker.close("KILLED", wait=5.0)
+            run.tracker.close("KILLED", wait=EXIT_WAIT_SECONDS)
         raise
     finally:
         interrupted.restore()

@@ -50,6 +50,9 @@ BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0)
 #: Seconds between sends while the tracker answers: the rows of a fast run go in one request, not one each
 #: (each is the tracker's CPU and this process's; bench/bench_tracking.py measured one request a row).
 SEND_INTERVAL_SECONDS = 2.0
+#: Seconds a run that is stopped by SIGTERM, interrupted or failing gives its tracker for what is queued: a
+#: pod being deleted has its grace period to keep, and the next learner goes on in the same run.
+EXIT_WAIT_SECONDS = 5.0
 
 
 class TrackerError(Exception):
@@ -326,8 +329,8 @@ class Tracker:
             self.outbox.params.update(params)
         self._wake.set()
 
-    def log_metrics(self, step: int, values: dict[str, float], timestamp_ms: int | None = None) -> None:
-        stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    def log_metrics(self, step: int, values: dict[str, float]) -> None:
+        stamp = int(time.time() * 1000)
         self.outbox.add_points({"key": key, "value": value, "timestamp": stamp, "step": int(step)}
                                for key, value in values.items())
         self._wake.set()
@@ -424,20 +427,18 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
 RUN_FILE = "mlflow_run.json"
 
 
-def tracker_for(job, run_dir: Path, *, resume: bool, parent_run_id: str | None = None,
-                run_name: str | None = None) -> Tracker | None:
+def tracker_for(job, run_dir: Path, *, resume: bool, parent_run_id: str | None = None) -> Tracker | None:
     """The job's tracker when it asks for one (spec.tracking.mlflow), else None; on resume, the run the
     directory logged to before, when it is the same server's."""
     spec = job.spec.tracking.mlflow
     if spec is None:
         return None
-    tracker = Tracker(spec.tracking_uri, spec.experiment or job.metadata.name,
-                      run_name or spec.run_name or job.metadata.name, parent_run_id=parent_run_id,
-                      tags={"kuberl.job": job.metadata.name, "kuberl.namespace": job.metadata.namespace,
-                            "kuberl.algorithm": job.spec.algorithm.name.value,
-                            "kuberl.environment": job.spec.environment.id},
-                      run_file=run_dir / RUN_FILE, resume=resume)
-    return tracker
+    return Tracker(spec.tracking_uri, spec.experiment or job.metadata.name, spec.run_name or job.metadata.name,
+                   parent_run_id=parent_run_id,
+                   tags={"kuberl.job": job.metadata.name, "kuberl.namespace": job.metadata.namespace,
+                         "kuberl.algorithm": job.spec.algorithm.name.value,
+                         "kuberl.environment": job.spec.environment.id},
+                   run_file=run_dir / RUN_FILE, resume=resume)
 
 
 def sweep_tracker(sweep, directory: Path, *, resume: bool) -> Tracker | None:
