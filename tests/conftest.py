@@ -114,6 +114,16 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory):
+    """A real S3-compatible store (SeaweedFS, tests/s3_store.py) on loopback for this test process; tests
+    share its one bucket, each under a prefix of its own."""
+    from s3_store import SeaweedFS
+
+    with SeaweedFS(tmp_path_factory.mktemp("seaweedfs")) as store:
+        yield store
+
+
 @pytest.fixture
 def job_dict() -> dict:
     """The CartPole PPO example as a dict, safe to mutate."""

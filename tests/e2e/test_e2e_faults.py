@@ -379,7 +379,7 @@ class Fault:
 
 def resumed_from(logs: str) -> int:
     """The iteration of the checkpoint the (last) restarted learner says it resumed from."""
-    found = re.findall(r"resumed from ckpt-(\d+)\.pt", logs)
+    found = re.findall(r"resumed from \S*ckpt-(\d+)\.pt", logs)
     assert found, f"the restarted learner did not resume from a checkpoint: {logs[-3000:]}"
     return int(found[-1])
 

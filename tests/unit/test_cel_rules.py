@@ -113,6 +113,16 @@ BAD = {
     "claim-and-size-limit": (lambda m: m["spec"]["checkpointing"].update(
         volume={"claimName": "checkpoints", "sizeLimit": "1Gi"}),
         "spec.checkpointing.volume", "claimName and sizeLimit exclude each other"),
+    "s3-checkpoints-disabled": (lambda m: m["spec"]["checkpointing"].update(
+        enabled=False, s3={"uri": "s3://ckpt/run"}), "spec.checkpointing", "with enabled: false there are none"),
+    "s3-resume-from-itself": (lambda m: m["spec"]["checkpointing"].update(
+        s3={"uri": "s3://ckpt/run", "resumeFrom": "s3://ckpt/run"}), "spec.checkpointing.s3",
+        "resumeFrom names another run's checkpoints"),
+    "s3-dot-dot-in-uri": (lambda m: m["spec"]["checkpointing"].update(s3={"uri": "s3://ckpt/../other/run"}),
+                          "spec.checkpointing.s3", "a path has no '..' segment"),
+    "s3-dot-dot-in-resume-from": (lambda m: m["spec"]["checkpointing"].update(
+        s3={"uri": "s3://ckpt/run", "resumeFrom": "s3://ckpt/runs/.."}), "spec.checkpointing.s3",
+        "a path has no '..' segment"),
     **{f"metrics-port-{port}": (spec(metrics={"port": port}), "spec.metrics.port", "must not be one of Ray's ports")
        for port in (6379, 6380, 8265, 10001, 10002, 15000, 19999, 52365)},
     "no-stopping-limit": (spec(stopping={"targetReturn": 475}), "spec.stopping", "at least one of maxEpisodes"),

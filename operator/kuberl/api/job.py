@@ -684,7 +684,57 @@ class VolumeSpec(_Model):
     size_limit: Quantity | None = Field(default=None, description="emptyDir size limit (when no claim).")
 
 
+#: An HTTP(S) service's address: http or https, a host, an optional port and path; no credentials in it
+#: (they come from a Secret the spec names, never from the job's text).
+HTTP_URL_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%!$&'()*+,;=:@/\-]*)?$"
+#: s3://bucket/prefix: a bucket name as S3 allows it (3-63 lower-case letters, digits, dots and hyphens),
+#: then a prefix of path-safe characters.
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[A-Za-z0-9._\-/]*)?$"
+
+
+def _dot_dot(path: str | None) -> bool:
+    """A '..' segment: a store or a proxy that normalises the request's path would take it out of the prefix
+    (path-style, even out of the bucket)."""
+    return path is not None and ("/../" in path or path.endswith("/.."))
+
+
+class ObjectStoreSpec(_Model):
+    """Checkpoints in S3 or an S3-compatible store (MinIO, SeaweedFS, Ceph): each one's object, then a small
+    manifest that commits it; the last keepLast kept."""
+
+    RULES = (Rule("!has(self.resumeFrom) || self.resumeFrom != self.uri",
+                  "resumeFrom names another run's checkpoints; this run's own (uri) it resumes from anyway",
+                  lambda v: v.resume_from is None or v.resume_from != v.uri),
+             Rule("!self.uri.contains('/../') && !self.uri.endsWith('/..') && "
+                  "(!has(self.resumeFrom) || (!self.resumeFrom.contains('/../') && !self.resumeFrom.endsWith('/..')))",
+                  "a path has no '..' segment",
+                  lambda v: not any(_dot_dot(p) for p in (v.uri, v.resume_from))))
+    uri: str = Field(
+        max_length=1024, pattern=S3_URI_PATTERN,
+        description="s3://bucket/prefix: the run's checkpoints, under the prefix. The path is the run's "
+                    "identity: a learner restarted, or a new job naming the same path, continues from it.")
+    endpoint: str | None = Field(
+        default=None, max_length=2048, pattern=HTTP_URL_PATTERN,
+        description="The store's URL (http:// or https://, no user:password in it), addressed path-style; "
+                    "default: AWS S3 in `region`. The learner must reach it (a cluster's egress rules permitting).")
+    region: str = Field(default="us-east-1", pattern=r"^[a-z0-9][a-z0-9\-]{0,31}$",
+                        description="The region requests are signed for (most S3-compatible stores take any).")
+    credentials_secret: DnsSubdomain | None = Field(
+        default=None,
+        description="A Secret in the job's namespace whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and "
+                    "(optional) AWS_SESSION_TOKEN the learner gets as those environment variables (the operator "
+                    "never reads it). Locally those environment variables themselves.")
+    resume_from: str | None = Field(
+        default=None, max_length=1024, pattern=S3_URI_PATTERN,
+        description="Another run's checkpoints (s3://bucket/prefix, the same store and credentials): a run "
+                    "with none of its own yet starts from the newest there, counters and all.")
+
+
 class CheckpointingSpec(_Model):
+    RULES = (Rule("!has(self.s3) || !has(self.enabled) || self.enabled",
+                  "s3 keeps the run's checkpoints and resumes from them: with enabled: false there are none; "
+                  "remove s3 or set enabled: true",
+                  lambda v: v.s3 is None or v.enabled),)
     enabled: bool = Field(default=True, description="Write checkpoints.")
     interval_iterations: int | None = Field(
         default=None, ge=1, description="Checkpoint every this many iterations."
@@ -694,11 +744,11 @@ class CheckpointingSpec(_Model):
     )
     keep_last: int = Field(default=3, ge=1, le=1000, description="Checkpoints kept; older ones are deleted.")
     volume: VolumeSpec = Field(default_factory=VolumeSpec, description="Where checkpoints live on a cluster.")
-
-
-#: A tracking server's address: http or https, a host, an optional port and path; no credentials in it
-#: (they come from spec.tracking.mlflow.credentialsSecret, never from the job's text).
-TRACKING_URI_PATTERN = r"^https?://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%!$&'()*+,;=:@/\-]*)?$"
+    s3: ObjectStoreSpec | None = Field(
+        default=None,
+        description="Also keep checkpoints in an S3-compatible object store, and resume from it: the learner "
+                    "loads the newest complete checkpoint there (or, when there is none, resumeFrom's) "
+                    "before it trains.")
 
 
 class MLflowTrackingSpec(_Model):
@@ -706,7 +756,7 @@ class MLflowTrackingSpec(_Model):
     metrics, and the run's files (summary, evaluation, learning curve, the exported policy) as artifacts."""
 
     tracking_uri: str = Field(
-        max_length=2048, pattern=TRACKING_URI_PATTERN,
+        max_length=2048, pattern=HTTP_URL_PATTERN,
         description="The tracking server's URL (http:// or https://, no user:password in it), as "
                     "MLFLOW_TRACKING_URI takes it; the learner must reach it (a cluster's egress rules permitting).")
     experiment: str | None = Field(

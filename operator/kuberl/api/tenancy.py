@@ -115,7 +115,7 @@ def problems(job: RLTrainingJob, tenancy: Tenancy) -> list[Problem]:
             where = f"spec.{role}.template"
             out += [Problem(f"{where}.{format_path(path)}", message, has_value=False)
                     for path, message in template_problems(template, role, allowance)]
-    return out
+    return out + _credentials_secret_problems(job, allowance)
 
 
 def template_problems(template: dict[str, Any], role: str, allowance: Allowance) -> list[tuple[tuple, str]]:
@@ -202,17 +202,37 @@ def _secret_refs(spec: dict[str, Any]) -> list[tuple[tuple, str]]:
 
 
 def _token_secret_problems(template: dict[str, Any], allowance: Allowance) -> list[tuple[tuple, str]]:
-    """A Secret named as Kubernetes names an account's token Secret holds that account's token for all the
-    operator can tell: it is the account's only where the platform team allowed the account."""
     out = []
     for path, name in _secret_refs(template.get("spec") or {}):
-        match = _TOKEN_SECRET.match(name)
-        if match and match["account"] not in allowance.service_accounts:
-            out.append((path, f"{name!r} is named as Kubernetes names the token Secret of ServiceAccount "
-                              f"{match['account']!r} (<account>-token-<5 characters>); a job's pods carry a "
-                              "ServiceAccount's token only where the platform team allowed that account "
-                              f"({_allowed_text(allowance.service_accounts)}); a Secret that holds no token "
-                              f"can be named differently; {HOW_TO_ALLOW}"))
+        why = _token_secret_refusal(name, allowance)
+        if why:
+            out.append((path, why))
+    return out
+
+
+def _token_secret_refusal(name: str, allowance: Allowance) -> str | None:
+    """A Secret named as Kubernetes names an account's token Secret holds that account's token for all the
+    operator can tell: it is the account's only where the platform team allowed the account."""
+    match = _TOKEN_SECRET.match(name)
+    if match is None or match["account"] in allowance.service_accounts:
+        return None
+    return (f"{name!r} is named as Kubernetes names the token Secret of ServiceAccount {match['account']!r} "
+            "(<account>-token-<5 characters>); a job's pods carry a ServiceAccount's token only where the platform "
+            f"team allowed that account ({_allowed_text(allowance.service_accounts)}); a Secret that holds no "
+            f"token can be named differently; {HOW_TO_ALLOW}")
+
+
+def _credentials_secret_problems(job: RLTrainingJob, allowance: Allowance) -> list[Problem]:
+    """The Secrets the spec hands the learner for a tracker or an object store: their keys go to a server
+    the job names, so an account's token Secret is refused here as in a template."""
+    named = {"spec.tracking.mlflow.credentialsSecret": job.spec.tracking.mlflow,
+             "spec.checkpointing.s3.credentialsSecret": job.spec.checkpointing.s3}
+    out = []
+    for path, part in named.items():
+        name = getattr(part, "credentials_secret", None)
+        why = _token_secret_refusal(name, allowance) if name else None
+        if why:
+            out.append(Problem(path, why, name))
     return out
 
 

@@ -343,6 +343,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         *_ray_env(job),
         *threads_env(learner.resources, learner.threads),
         *tracking_env(job),
+        *object_store_env(job),
     ]
     shm, shm_mount = _shm_volume()
     extra: dict[str, Any] = {
@@ -391,6 +392,21 @@ def tracking_env(job: RLTrainingJob) -> list[dict[str, Any]]:
     return [{"name": var, "valueFrom": {"secretKeyRef": {"name": mlflow.credentials_secret, "key": key,
                                                           "optional": True}}}
             for var, key in TRACKING_SECRET_KEYS.items()]
+
+
+#: The object store's credentials: AWS's own variables, from the same keys of spec.checkpointing.s3.credentialsSecret.
+OBJECT_STORE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def object_store_env(job: RLTrainingJob) -> list[dict[str, Any]]:
+    """The learner's object-store credentials, from the job's Secret straight to the container (the operator
+    names the Secret and never reads it). Optional keys: a Secret without them starts a learner that says
+    which keys are missing, in the job's status, rather than a pod stuck in CreateContainerConfigError."""
+    s3 = job.spec.checkpointing.s3
+    if s3 is None or s3.credentials_secret is None:
+        return []
+    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key, "optional": True}}}
+            for key in OBJECT_STORE_SECRET_KEYS]
 
 
 def build_job_spec_config_map(job: RLTrainingJob) -> dict[str, Any]:

@@ -210,6 +210,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 2
 
     from kuberl.api.problems import INVALID_SPEC_EXIT_CODE, Problem
+    from kuberl.trainer.checkpoint_store import CheckpointStoreRefused
     from kuberl.trainer.envs.resolve import EnvNotFound
     from kuberl.trainer.run import train
 
@@ -219,6 +220,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except EnvNotFound as err:  # a rollout worker's image lacks what this process's has: the job cannot run
         _print_problems(InvalidJob([Problem("spec.environment.id", str(err), job.spec.environment.id)],
                                    source=job.metadata.name))
+        return INVALID_SPEC_EXIT_CODE
+    except CheckpointStoreRefused as err:  # no retry passes until the spec or its Secret changes
+        _print_problems(InvalidJob([Problem(err.field, str(err), has_value=False)], source=job.metadata.name))
         return INVALID_SPEC_EXIT_CODE
     except (RuntimeError, TimeoutError, ConnectionError) as err:  # a clear line, not a traceback
         print(f"error: {err}", file=sys.stderr)

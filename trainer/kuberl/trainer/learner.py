@@ -9,6 +9,7 @@ observers get.
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -25,8 +26,11 @@ from kuberl.trainer.metrics import LearnerMetrics
 from kuberl.trainer.report import RunReport
 from kuberl.trainer.workers import WorkerSet
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:  # torch comes with it: train() imports that in a thread of its own, while Ray starts
     from kuberl.trainer.algorithms.base import Algorithm, LearnStats
+    from kuberl.trainer.checkpoint_store import ObjectCheckpoints
     from kuberl.trainer.ddp import LearnerGroup
 
 
@@ -46,6 +50,7 @@ class Loop:
     stop_signal: dict[str, bool]
     on_iteration: Callable[[dict[str, Any], Loop], None] | None = None
     learners: LearnerGroup | None = None  # data-parallel learners (`ddp.py`); None: `algo` learns alone
+    store: ObjectCheckpoints | None = None  # spec.checkpointing.s3: each checkpoint uploaded there too
     # The weights last put in Ray's object store, shared by every worker, and their version.
     weights_ref: Any = None
     weights_version: int = -1
@@ -304,6 +309,28 @@ def checkpoint_when_due(loop: Loop, force: bool = False) -> None:
     loop.metrics.set("kuberl_checkpoint_timestamp_seconds", time.time())
     loop.metrics.set("kuberl_checkpoint_iteration", counters.iterations)
     loop.report.checkpoint(path)
+    if loop.store is not None:
+        _upload_checkpoint(loop, path)
+
+
+def _upload_checkpoint(loop: Loop, path: Path) -> None:
+    """The checkpoint just written, to the object store too. A store that is down costs this checkpoint
+    there (counted, said; the local one stays, and the next goes up when it answers); one that refuses
+    the credentials ends the run (CheckpointStoreRefused), since none would ever go up."""
+    from kuberl.trainer.object_store import ObjectStoreError
+
+    assert loop.store is not None
+    t0 = time.perf_counter()
+    try:
+        stored = loop.store.save(path, loop.counters.iterations, loop.spec.checkpointing.keep_last,
+                                 loop.job.metadata.name)
+    except ObjectStoreError as err:
+        loop.metrics.inc("kuberl_checkpoint_upload_failures_total", 1)
+        log.warning("checkpoint %s not in the object store: %s (kept on disk)", path.name, err)
+        return
+    seconds = time.perf_counter() - t0
+    loop.metrics.set("kuberl_checkpoint_upload_seconds", seconds)
+    log.info("checkpoint %s in %.2f s (%.1f MB)", stored.where, seconds, path.stat().st_size / 1e6)
 
 
 # ---- evaluation -----------------------------------------------------------------------------------

@@ -33,6 +33,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_checkpoints_total": ("counter", "Checkpoints written."),
     "kuberl_checkpoint_iteration": (
         "gauge", "Learner iteration of the newest checkpoint (its file is ckpt-<iteration>.pt)."),
+    "kuberl_checkpoint_upload_seconds": (
+        "gauge", "Seconds the newest checkpoint took to reach the object store (spec.checkpointing.s3), commit "
+                 "included (0 before the first, and without one)."),
+    "kuberl_checkpoint_upload_failures_total": (
+        "counter", "Checkpoints the object store (spec.checkpointing.s3) did not take after retries; the "
+                   "local copy stays."),
     "kuberl_learner_wait_seconds_total": ("counter", "Seconds the learner waited for rollout data."),
     "kuberl_worker_weight_wait_seconds_total": ("counter", "Seconds rollout workers waited for new weights."),
     "kuberl_policy_staleness_updates": (

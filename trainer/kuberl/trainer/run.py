@@ -229,7 +229,7 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
                             spec.seed + 17 * counters.iterations, expected=run.replicas)
     # The loop's clock starts here: a run's wall clock includes starting its rollout workers.
     loop = Loop(run.job, algo, run.workers, run.metrics, run.report, counters, learner.recent_returns,
-                run.ckpt_dir, run.stop_signal, options.on_iteration, run.learners)
+                run.ckpt_dir, run.stop_signal, options.on_iteration, run.learners, store=learner.store)
     run.workers.reconcile(wait_for_all=60.0)
     log.info("%d/%d rollout workers ready", len(run.workers.ready()), run.replicas)
     timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
@@ -315,6 +315,7 @@ class _Learner:
     recent_returns: collections.deque
     seconds: float
     import_seconds: float
+    store: Any = None  # spec.checkpointing.s3's ObjectCheckpoints
 
 
 def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) -> _Learner:
@@ -348,19 +349,58 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
     algo = algorithm_for(spec, info, device, spec.seed, spec.stopping.max_env_steps)
     counters = Counters()
     recent_returns: collections.deque[float] = collections.deque(maxlen=spec.stopping.return_window)
-    if resume_dir is not None:
-        loaded = ckpt.load_latest(resume_dir, map_location=device)
-        if loaded is None:
+    store = _open_store(spec)
+    loaded: tuple[Any, dict[str, Any]] | None = None
+    if store is not None:
+        # The store is the run's record: a learner resumes from it whether or not its disk survived.
+        loaded = _load_from_store(spec, store, device)
+    elif resume_dir is not None:
+        local = ckpt.load_latest(resume_dir, map_location=device)
+        if local is None:
             log.info("no loadable checkpoint in %s; starting fresh", resume_dir)
         else:
-            path, state = loaded
-            algo.load_state_dict(state["algorithm"])
-            counters = Counters(**{k: type(getattr(Counters(), k))(v) for k, v in state["counters"].items()})
-            recent_returns.extend(float(x) for x in state["recent_returns"].tolist())
-            torch.set_rng_state(state["torch_rng"])
-            log.info("resumed from %s: iteration %d, %d env steps, %d episodes",
-                     path.name, counters.iterations, counters.env_steps, counters.episodes)
-    return _Learner(algo, counters, recent_returns, time.perf_counter() - t0, import_seconds)
+            loaded = local[0].name, local[1]
+    if loaded is not None:
+        where, state = loaded
+        algo.load_state_dict(state["algorithm"])
+        counters = Counters(**{k: type(getattr(Counters(), k))(v) for k, v in state["counters"].items()})
+        recent_returns.extend(float(x) for x in state["recent_returns"].tolist())
+        torch.set_rng_state(state["torch_rng"])
+        log.info("resumed from %s: iteration %d, %d env steps, %d episodes",
+                 where, counters.iterations, counters.env_steps, counters.episodes)
+    return _Learner(algo, counters, recent_returns, time.perf_counter() - t0, import_seconds, store)
+
+
+def _open_store(spec) -> Any:
+    """spec.checkpointing.s3's store (kuberl.trainer.checkpoint_store), or None without one."""
+    s3 = spec.checkpointing.s3
+    if s3 is None:
+        return None
+    from kuberl.trainer.checkpoint_store import ObjectCheckpoints
+
+    return ObjectCheckpoints.open(s3.uri, s3.endpoint, s3.region, "spec.checkpointing.s3.uri")
+
+
+def _load_from_store(spec, store: Any, device: Any) -> tuple[str, dict[str, Any]] | None:
+    """The newest complete checkpoint at the run's path, else at resumeFrom; None (fresh) when neither has one.
+    Listing the path first also tries the credentials before any training is done."""
+    from kuberl.trainer.checkpoint_store import ObjectCheckpoints
+    from kuberl.trainer.object_store import ObjectStoreError
+
+    s3 = spec.checkpointing.s3
+    for source in (store, None if s3.resume_from is None else ObjectCheckpoints.open(
+            s3.resume_from, s3.endpoint, s3.region, "spec.checkpointing.s3.resumeFrom")):
+        if source is None:
+            continue
+        try:
+            found = source.load_latest(map_location=device)
+        except ObjectStoreError as err:  # CheckpointStoreRefused is no ObjectStoreError: it goes on up
+            raise ObjectStoreError(f"cannot read the checkpoints at {source.uri} ({err}): starting fresh could "
+                                   "overwrite them, so the learner stops here (a pod is retried)") from None
+        if found is not None:
+            return found[0].where, found[1]
+        log.info("no complete checkpoint at %s", source.uri)
+    return None
 
 
 class _Background:
