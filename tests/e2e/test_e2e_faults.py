@@ -564,3 +564,69 @@ def test_corrupt_newest_checkpoint_when_the_learner_restarts(bed):
     assert f"checkpoint {newest.name} does not load" in logs, logs[-3000:]
     RESULTS[-1]["note"] = ("resumed from the checkpoint before the corrupt one: the steps since that one are "
                            "lost (two intervals at most)")
+
+
+@pytest.fixture(scope="module")
+def store_on_bed(bed, tmp_path_factory):
+    """A real S3-compatible store (SeaweedFS) on the bed network's gateway, which the bed's pods reach, and
+    its keys as a Secret in the test namespace; a second Secret holds a wrong secret key."""
+    import base64
+
+    from s3_store import SeaweedFS
+
+    def secret(name: str, keys: dict[str, str]) -> dict:
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS}, "type": "Opaque",
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()}}
+
+    with SeaweedFS(tmp_path_factory.mktemp("seaweedfs"), host=bed.gateway) as store:
+        keys = store.credentials_env()
+        apply(bed, secret("store-keys", keys),
+              secret("wrong-store-keys", {**keys, "AWS_SECRET_ACCESS_KEY": "not-" + keys["AWS_SECRET_ACCESS_KEY"]}))
+        yield store
+
+
+def test_learner_killed_with_its_disk_lost_resumes_from_object_storage(bed, store_on_bed):
+    """Checkpoints in S3 as well as on the claim: the learner is SIGKILLed and every checkpoint on its disk
+    deleted (a volume lost with its zone) before it restarts; the new learner resumes from the store's newest.
+    Beside it, a job whose Secret holds a wrong key fails at once as InvalidSpec, naming the field to fix,
+    without a restart."""
+    store = store_on_bed
+    s3 = {"uri": store.uri("fault-s3"), "endpoint": store.endpoint, "credentialsSecret": "store-keys"}
+    wrong, _ = fault_job("wrongkey-s3", **{"checkpointing.s3": {**s3, "uri": store.uri("wrongkey-s3"),
+                                                                         "credentialsSecret": "wrong-store-keys"}})
+    wrong["spec"]["checkpointing"].pop("volume")
+    apply(bed, wrong)
+    f = Fault(bed, "fault-s3", "learner: SIGKILL its container and delete its checkpoints on disk (object storage)",
+              **{"checkpointing.s3": s3})
+    f.wait_checkpoint(2)
+    f.wait_training()
+    bed.stop_operator()  # nothing restarts the learner before its disk is emptied
+    f.mark()
+    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-s3-learner", "learner"))
+    wait_until(lambda: (bed.cluster.get("pods", "fault-s3-learner", NS).get("status") or {}).get("phase")
+               == "Failed", 60, 0.2, "the learner pod Failed")
+    newest = committed_in(store, "fault-s3")[-1]
+    for path in checkpoints(f.run_dir):
+        path.unlink()
+    bed.start_operator()
+    status = f.finish(learner_restarts=True)
+    assert status["learnerRestarts"] == 1, status
+    assert f"resumed from {store.uri('fault-s3')}/ckpt-{newest:09d}.pt" in f.learner_logs, f.learner_logs[-3000:]
+    failed = bed.cluster.wait_for("rltj", "wrongkey-s3", namespace=NS, timeout=300,
+                                  predicate=lambda obj: (obj.get("status") or {}).get("phase") in
+                                  ("Failed", "Succeeded"))["status"]
+    assert failed["phase"] == "Failed" and failed["reason"] == "InvalidSpec", failed
+    assert "spec.checkpointing.s3.credentialsSecret" in failed["message"], failed
+    assert "refused this job's credentials" in failed["message"], failed
+    assert failed.get("learnerRestarts", 0) == 0, failed
+    assert store.client().list_keys("wrongkey-s3/") == []
+    bed.kubectl("delete", "rltj", "wrongkey-s3", "-n", NS, "--wait=true", "--timeout=120s")
+    RESULTS[-1]["note"] = ("checkpoints on the claim deleted before the restart: resumed from the object store's "
+                           "newest (the same iteration as the claim's)")
+
+
+def committed_in(store, prefix: str) -> list[int]:
+    """The committed checkpoints' iterations under `prefix`, oldest first."""
+    from kuberl.trainer.checkpoint_store import ObjectCheckpoints
+
+    return ObjectCheckpoints(store.uri(prefix), store.client(), f"{prefix}/").committed()
