@@ -330,7 +330,7 @@ def _upload_checkpoint(loop: Loop, path: Path) -> None:
         return
     seconds = time.perf_counter() - t0
     loop.metrics.set("kuberl_checkpoint_upload_seconds", seconds)
-    log.info("checkpoint %s in %.2f s (%.1f MB)", stored.where, seconds, path.stat().st_size / 1e6)
+    log.info("checkpoint %s in %.3f s (%.1f kB)", stored.where, seconds, path.stat().st_size / 1e3)
 
 
 # ---- evaluation -----------------------------------------------------------------------------------
