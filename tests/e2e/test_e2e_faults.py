@@ -612,6 +612,13 @@ def test_learner_killed_with_its_disk_lost_resumes_from_object_storage(bed, stor
     status = f.finish(learner_restarts=True)
     assert status["learnerRestarts"] == 1, status
     assert f"resumed from {store.uri('fault-s3')}/ckpt-{newest:09d}.pt" in f.learner_logs, f.learner_logs[-3000:]
+    # Each learner's last log lines outlive its pod in the store: the killed one's died with it (SIGKILL
+    # leaves no time), the one that finished kept its own, and the run's summary.
+    client = store.client()
+    logs = [client.get_bytes(k, 1 << 20).decode() for k in client.list_keys("fault-s3/logs/")]
+    assert len(logs) == 1 and "resumed from s3://" in logs[0] and "training stopped" in logs[0], logs
+    assert json.loads(client.get_bytes("fault-s3/summary.json", 1 << 20))["env_steps"] == \
+        status["progress"]["envSteps"]
     failed = bed.cluster.wait_for("rltj", "wrongkey-s3", namespace=NS, timeout=300,
                                   predicate=lambda obj: (obj.get("status") or {}).get("phase") in
                                   ("Failed", "Succeeded"))["status"]

@@ -50,7 +50,9 @@ def opts(run_dir: Path, **more) -> TrainOptions:
 
 
 def names(store, prefix: str) -> list[str]:
-    return sorted(k[len(prefix) + 1:] for k in store.client().list_keys(prefix + "/"))
+    """The checkpoints' objects and manifests under `prefix` (the run's record aside)."""
+    return sorted(name for k in store.client().list_keys(prefix + "/")
+                  if (name := k[len(prefix) + 1:]).startswith("ckpt-"))
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -71,6 +73,12 @@ def test_a_run_keeps_its_last_checkpoints_in_the_store_and_a_new_run_on_the_path
     manifest = json.loads(creds.client().get_bytes(f"continue/ckpt-{last['iteration']:09d}.json", 1 << 16))
     local = tmp_path / "first" / "checkpoints" / f"ckpt-{last['iteration']:09d}.pt"
     assert manifest["bytes"] == local.stat().st_size and manifest["job"] == "continue", manifest
+    # The run's record beside them: its summary, and the learner's last log lines.
+    client = creds.client()
+    assert json.loads(client.get_bytes("continue/summary.json", 1 << 20)) == json.loads(
+        (tmp_path / "first" / "summary.json").read_text())
+    [log_key] = client.list_keys("continue/logs/")
+    assert "training stopped: max_env_steps" in client.get_bytes(log_key, 1 << 20).decode()
     # The same path, a new run directory (a new pod's empty disk): it goes on from the store's newest.
     second = train(parse_job(stored_job(job_dict, "continue", s3, max_env_steps=16384)),
                    opts(tmp_path / "second"))
@@ -79,6 +87,8 @@ def test_a_run_keeps_its_last_checkpoints_in_the_store_and_a_new_run_on_the_path
     assert resumed[0]["iteration"] == last["iteration"] + 1, (last, resumed[0])
     assert resumed[0]["env_steps"] > last["env_steps"] and resumed[0]["episodes"] >= last["episodes"]
     assert second.counters.env_steps >= 16384
+    logs = [client.get_bytes(k, 1 << 20).decode() for k in client.list_keys("continue/logs/")]
+    assert len(logs) == 2 and sum("resumed from s3://" in text for text in logs) == 1, logs
 
 
 def test_resume_from_starts_a_run_from_another_runs_newest_and_leaves_those_alone(creds, local_ray, job_dict,

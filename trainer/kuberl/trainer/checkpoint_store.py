@@ -34,6 +34,9 @@ OBJECT_BYTES_MAX = 64 << 30
 #: Waits between tries of a checkpoint's upload when the store cannot be reached or fails (5xx).
 RETRY_SECONDS = (1.0, 3.0)
 MANIFEST_FORMAT = 1
+#: Seconds each socket operation of the run's record may take: a learner leaving within SIGTERM's grace
+#: period does not wait on a store that is down.
+RECORD_TIMEOUT_SECONDS = 5.0
 
 
 class CheckpointStoreRefused(RuntimeError):
@@ -120,6 +123,20 @@ class ObjectCheckpoints:
         except ObjectStoreError as err:  # the checkpoint is committed; old ones wait for the next prune
             log.warning("old checkpoints in %s not deleted: %s", self.uri, err)
         return StoredCheckpoint(iteration, f"{self.uri.rstrip('/')}/{key}.pt")
+
+    def keep_record(self, files: dict[str, bytes]) -> list[str]:
+        """The run's record under the prefix (its summary, the learner's last log lines): what happened,
+        once the pods and their logs are gone. One try each; returns the names kept."""
+        client = self.client.with_timeout(RECORD_TIMEOUT_SECONDS)
+        kept = []
+        for name, data in files.items():
+            try:
+                client.put_bytes(f"{self.prefix}{name}", data,
+                                 "application/json" if name.endswith(".json") else "text/plain; charset=utf-8")
+                kept.append(name)
+            except ObjectStoreError as err:
+                log.warning("%s not kept in %s: %s", name, self.uri, err)
+        return kept
 
     def _retrying(self, call) -> None:
         for wait in (*RETRY_SECONDS, None):

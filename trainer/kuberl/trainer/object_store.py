@@ -16,6 +16,7 @@ temporary ones, AWS_SESSION_TOKEN): on a cluster the learner pod gets them from 
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import hmac
@@ -147,6 +148,12 @@ class S3Client:
             self._scheme, self._host = parts.scheme, parts.netloc
             self._base = f"{parts.path.rstrip('/')}/{bucket}"
         self.where = f"{self._scheme}://{self._host}{self._base}"
+
+    def with_timeout(self, timeout: float) -> S3Client:
+        """The same store, each socket operation bounded by `timeout` seconds instead."""
+        other = copy.copy(self)
+        other.timeout = timeout
+        return other
 
     # ---- the calls -------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from kuberl.api.learner_slots import extra_learners
 from kuberl.trainer.accounting import Counters, publish_restored
 from kuberl.trainer.envs.resolve import EnvNotFound
 from kuberl.trainer.learner import Loop, checkpoint_when_due, evaluate, run_loop
+from kuberl.trainer.log_tail import LogTail
 from kuberl.trainer.metrics import JobLabels, LearnerMetrics
 from kuberl.trainer.report import RunReport, Timeline
 from kuberl.trainer.tracking import EXIT_WAIT_SECONDS, tracker_for
@@ -105,14 +106,32 @@ def train(job: RLTrainingJob, options: TrainOptions | None = None) -> TrainResul
         if run.report.tracker is not None:
             run.report.tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED",
                                      wait=EXIT_WAIT_SECONDS)
+        _keep_record(run)
         raise
     finally:
         _teardown(run)
     timeline.mark("shutdown")
     run.report.final(timeline)  # summary.json gets the shutdown too; then the summary table
+    _keep_record(run)
     result.time_split = timeline.as_dict()
     _close_tracker(run, result)
     return result
+
+
+def _keep_record(run: _Run) -> None:
+    """The learner's last log lines, and summary.json when the run wrote one, to the object store: a new
+    log file per learner process (a restarted one adds its own), the summary the newest."""
+    if run.log_tail is None:
+        return
+    run.log_tail.detach()
+    if run.store is None:  # the store never opened (refused, unreachable): nowhere to keep them
+        return
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    files = {f"logs/learner-{stamp}-{os.getpid()}.log": run.log_tail.text()}
+    summary = run.run_dir / "summary.json"
+    if summary.is_file():
+        files["summary.json"] = summary.read_bytes()
+    run.store.keep_record(files)
 
 
 def _close_tracker(run: _Run, result: TrainResult) -> None:
@@ -155,6 +174,8 @@ class _Run:
     reason: str | None = None  # why training stopped, once it has
     failed: bool = False
     previous_term: Any = None  # the SIGTERM handler to put back
+    store: Any = None  # spec.checkpointing.s3's ObjectCheckpoints, once the learner is built
+    log_tail: LogTail | None = None  # the last log lines, for the store's record of the run
 
     @property
     def ckpt_dir(self) -> Path:
@@ -195,7 +216,8 @@ def _prepare(job: RLTrainingJob, options: TrainOptions) -> tuple[_Run, _Backgrou
             raise RuntimeError(f"cannot serve metrics on port {port} ({err.strerror}): set spec.metrics.port, "
                                "pass --metrics-port 0 for a free port, or spec.metrics.enabled: false") from None
         log.info("metrics on http://%s:%d/metrics", "0.0.0.0" if cluster else "127.0.0.1", metrics_port)
-    return _Run(job, options, run_dir, cluster, replicas, report, metrics, metrics_port), builder
+    log_tail = LogTail().attach() if spec.checkpointing.s3 is not None else None
+    return _Run(job, options, run_dir, cluster, replicas, report, metrics, metrics_port, log_tail=log_tail), builder
 
 
 def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, float]:
@@ -206,6 +228,7 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
                                 ship_import_path=options.ship_import_path)
     finally:
         learner = builder.result()  # its errors (a bad env, a corrupt state) first: they say more
+    run.store = learner.store
     # After Ray: ray.init installs its own SIGTERM handler (sys.exit), and its core worker a C++
     # one over that, so a handler set earlier is gone and a deleted learner pod died mid-iteration
     # without its exit checkpoint (seen on real containers: one checkpoint interval lost).

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.trainer import tensorboard_log
+from kuberl.trainer.log_tail import LogTail
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -255,28 +256,8 @@ class _Outbox:
         return True
 
 
-#: The learner's last log lines a run keeps as its artifact `learner.log`: what happened, after the pods
-#: (and their logs) are gone.
-LOG_TAIL_LINES = 500
+#: The artifact the learner's last log lines go to: what happened, after the pods (and their logs) are gone.
 LOG_FILE = "learner.log"
-
-
-class LogTail(logging.Handler):
-    """The last LOG_TAIL_LINES records of KubeRL's loggers, formatted as the console shows them."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.lines.append(self.format(record))
-        except Exception:  # noqa: BLE001 (a record that does not format is not worth a failed run)
-            self.handleError(record)
-
-    def text(self) -> bytes:
-        return ("\n".join(self.lines) + "\n").encode(errors="replace")
 
 
 class Tracker:
@@ -305,15 +286,7 @@ class Tracker:
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
         self._thread.start()
-        self.log_tail = LogTail()
-        kuberl_log = logging.getLogger("kuberl")
-        kuberl_log.addHandler(self.log_tail)
-        # The tail keeps INFO lines where nothing set KubeRL's level and the root logger is at Python's
-        # default (WARNING: a host process that never configured logging); a level someone set (a sweep's
-        # trial keeps its console to warnings) stays theirs.
-        self._level_set = kuberl_log.level == logging.NOTSET and kuberl_log.getEffectiveLevel() > logging.INFO
-        if self._level_set:
-            kuberl_log.setLevel(logging.INFO)
+        self.log_tail = LogTail().attach()
 
     def run_id_within(self, seconds: float) -> str | None:
         """The run's id once the tracker has made it, waiting at most `seconds` (a sweep's trials name
@@ -346,10 +319,7 @@ class Tracker:
     def close(self, status: str = "FINISHED", wait: float | None = None) -> bool:
         """End the run with `status` (FINISHED, FAILED, KILLED) once everything queued is sent, waiting at
         most `wait` seconds (default flush_seconds); returns whether all of it got there."""
-        logging.getLogger("kuberl").removeHandler(self.log_tail)
-        if self._level_set:
-            logging.getLogger("kuberl").setLevel(logging.NOTSET)
-            self._level_set = False
+        self.log_tail.detach()
         with self.outbox.lock:
             self.outbox.artifacts.append((LOG_FILE, self.log_tail.text()))
             self.outbox.end_status = status
