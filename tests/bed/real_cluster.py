@@ -43,6 +43,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     **{r: ("/api/v1", False) for r in ("namespaces", "nodes", "persistentvolumes")},
     "deployments": ("/apis/apps/v1", True), "replicasets": ("/apis/apps/v1", True),
     "networkpolicies": ("/apis/networking.k8s.io/v1", True),
+    "poddisruptionbudgets": ("/apis/policy/v1", True),
     "roles": ("/apis/rbac.authorization.k8s.io/v1", True),
     "rolebindings": ("/apis/rbac.authorization.k8s.io/v1", True),
     "rltrainingjobs": ("/apis/kuberl.dev/v1alpha1", True),
@@ -51,7 +52,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     **{r: ("/apis/kueue.x-k8s.io/v1beta2", True) for r in ("workloads", "localqueues")},
     **{r: ("/apis/kueue.x-k8s.io/v1beta2", False) for r in ("clusterqueues", "resourceflavors")},
 }
-ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies", "deploy": "deployments",
+ALIASES = {"rltj": "rltrainingjobs", "v1/events": "events", "netpol": "networkpolicies", "deploy": "deployments", "pdb": "poddisruptionbudgets",
            "pvc": "persistentvolumeclaims", "po": "pods", "svc": "services", "cm": "configmaps"}
 PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
                "strategic": "application/strategic-merge-patch+json"}

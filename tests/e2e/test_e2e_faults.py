@@ -566,6 +566,44 @@ def test_corrupt_newest_checkpoint_when_the_learner_restarts(bed):
                            "lost (two intervals at most)")
 
 
+def test_node_drained_evicts_the_jobs_pods_one_at_a_time_and_the_job_completes(bed):
+    """`kubectl drain` of the node (the job's pods only, by --pod-selector) evicts through the eviction API:
+    the job's PodDisruptionBudget lets one pod go at a time (the others' evictions are refused until its
+    replacement is ready), each evicted pod gets its grace period (the learner checkpoints and leaves), and
+    the job goes on and completes. The node is uncordoned once the first pod is out: on a one-node bed the
+    replacements have nowhere else to go, as they would on a cluster with a second node."""
+    f = Fault(bed, "fault-drain", "node drain: kubectl drain (eviction API, the job's disruption budget)",
+              **{"stopping.maxEnvSteps": 200_000})
+    f.wait_checkpoint(1)
+    f.wait_training()
+    node = bed.agent.node_name
+    before = dict(f.obs.samples[-1].pods)
+    assert bed.cluster.get("poddisruptionbudgets", "fault-drain-disruptions", NS)["status"]["disruptionsAllowed"] == 1
+    drained: dict[str, Any] = {}
+
+    def drain() -> None:
+        drained["done"] = bed.kubectl("drain", node, "--pod-selector=kuberl.dev/job-name=fault-drain",
+                                      "--delete-emptydir-data", "--ignore-daemonsets", "--timeout=400s",
+                                      check=False, timeout=420)
+
+    f.mark()
+    thread = threading.Thread(target=drain, name="drain", daemon=True)
+    thread.start()
+    wait_until(lambda: any(f.obs.samples[-1].pods.get(n) != u for n, u in before.items()), 120, 0.2,
+               "the first pod evicted")
+    bed.kubectl("uncordon", node)
+    thread.join(430)
+    done = drained["done"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    assert said.count("evicted") >= 1, said[-3000:]
+    assert "violate the pod's disruption budget" in said, said[-3000:]
+    status = f.finish(learner_restarts=True)
+    assert status["phase"] == "Succeeded", status
+    RESULTS[-1]["note"] = ("seconds from the drain's start until the job was healthy again with every replacement "
+                           "ready; each eviction past the first waited for the budget")
+
+
 @pytest.fixture(scope="module")
 def store_on_bed(bed, tmp_path_factory):
     """A real S3-compatible store (SeaweedFS) on the bed network's gateway, which the bed's pods reach, and

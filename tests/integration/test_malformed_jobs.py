@@ -165,7 +165,8 @@ def test_the_server_or_the_operator_refuses_the_malformed_job_before_any_child_e
                    f"the InvalidSpec Event of {name}")
     # Nothing was created for it, or for any other malformed job: not a pod, Service or NetworkPolicy.
     created = [e["requestURI"] for e in cluster.requests()
-               if e["verb"] == "create" and e["objectRef"]["resource"] in ("pods", "services", "networkpolicies")]
+               if e["verb"] == "create" and e["objectRef"]["resource"] in ("pods", "services", "networkpolicies",
+                                                                           "poddisruptionbudgets")]
     assert created == []
     assert cluster.list("pods") == [] and cluster.list("services") == []
 

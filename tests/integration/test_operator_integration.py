@@ -210,6 +210,9 @@ def test_job_becomes_k_plus_2_pods_services_and_a_status_that_follows_the_kubele
             assert {p["name"] for p in head_svc["spec"]["ports"]} == {"gcs", "raylet", "client"}
             assert cluster.get("services", f"{JOB}-metrics")["spec"]["ports"][0]["port"] == port
             assert {n["metadata"]["name"] for n in cluster.list("networkpolicies")} == {f"{JOB}-ray", f"{JOB}-learner"}
+            # The disruption controller reads the budget: all pods of the job under it, one at a time.
+            budget = cluster.wait_for("poddisruptionbudgets", f"{JOB}-disruptions")
+            assert budget["spec"]["maxUnavailable"] == 1
 
             st = wait_phase(cluster, "Starting")
             assert st["workers"] == "0/3" and st["observedGeneration"] == job["metadata"]["generation"]
@@ -678,7 +681,7 @@ def children(cluster: ClusterNamespace) -> list[str]:
     """Every object of the job in the namespace, as kind/name."""
     selector = f"kuberl.dev/job-name={JOB}"
     return [f"{resource}/{obj['metadata']['name']}"
-            for resource in ("pods", "services", "secrets", "configmaps", "networkpolicies")
+            for resource in ("pods", "services", "secrets", "configmaps", "networkpolicies", "poddisruptionbudgets")
             for obj in cluster.list(resource, label_selector=selector)]
 
 

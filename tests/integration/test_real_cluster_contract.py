@@ -117,6 +117,7 @@ def test_everything_the_operator_creates_for_an_example_is_admitted_in_a_restric
     refused = []
     for manifest in _objects_of(body, cluster.namespace):
         resource = {"Pod": "pods", "Service": "services", "NetworkPolicy": "networkpolicies",
+                    "PodDisruptionBudget": "poddisruptionbudgets",
                     "Secret": "secrets", "ConfigMap": "configmaps", "Deployment": "deployments"}[manifest["kind"]]
         try:
             operator.call("POST", operator.url(resource, cluster.namespace), body=manifest,

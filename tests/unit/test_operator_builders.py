@@ -69,10 +69,15 @@ def test_children_names_labels_and_kinds(job):
     assert [p["metadata"]["labels"].get("kuberl.dev/worker-index") for p in pods[2:]] == ["0", "1", "2"]
     others = builders.build_services(job, OPTIONS)
     assert [(m["kind"], m["metadata"]["name"]) for m in others] == [
-        ("Service", "cartpole-ppo-head"), ("Service", "cartpole-ppo-metrics"),
+        ("Service", "cartpole-ppo-head"), ("PodDisruptionBudget", "cartpole-ppo-disruptions"),
+        ("Service", "cartpole-ppo-metrics"),
         ("NetworkPolicy", "cartpole-ppo-ray"), ("NetworkPolicy", "cartpole-ppo-learner")]
     assert [m["kind"] for m in builders.build_services(job, BuildOptions(network_policies=False))] == [
-        "Service", "Service"]
+        "Service", "PodDisruptionBudget", "Service"]
+    budget = others[1]["spec"]
+    # Every pod of the job (head, learner, workers) under one budget: a drain takes one at a time.
+    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": {"kuberl.dev/job-name": "cartpole-ppo"}},
+                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}
 
 
 def test_adopt_sets_owner_reference_and_keeps_our_labels(job):
@@ -252,7 +257,7 @@ def test_learner_without_metrics_has_no_port_probe_or_scrape_annotation(job_dict
     assert "ports" not in container and "readinessProbe" not in container
     assert not any(k.startswith("prometheus.io/") for k in pod["metadata"].get("annotations", {}))
     assert [m["metadata"]["name"] for m in builders.build_services(job, OPTIONS)] == [
-        "cartpole-ppo-head", "cartpole-ppo-ray", "cartpole-ppo-learner"]
+        "cartpole-ppo-head", "cartpole-ppo-disruptions", "cartpole-ppo-ray", "cartpole-ppo-learner"]
 
 
 def test_every_pod_meets_pod_security_restricted(job):

@@ -38,7 +38,8 @@ def test_rules_grant_exactly_what_the_operator_does_and_only_create_on_secrets()
         ("kuberl.dev", "rltrainingjobs/status", "patch"), ("kuberl.dev", "rltrainingjobs/finalizers", "update"),
         ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "create"), ("", "pods", "delete"),
         ("", "services", "create"), ("", "secrets", "create"), ("", "configmaps", "create"),
-        ("networking.k8s.io", "networkpolicies", "create"), ("apps", "deployments", "create"),
+        ("networking.k8s.io", "networkpolicies", "create"), ("policy", "poddisruptionbudgets", "create"),
+        ("apps", "deployments", "create"),
         ("", "events", "create"),
     }
     everything = rbac.RULES + rbac.CLUSTER_RULES + rbac.PEERING_RULES

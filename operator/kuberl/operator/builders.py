@@ -576,6 +576,26 @@ def build_network_policies(job: RLTrainingJob) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------
+# Voluntary disruptions: one pod of the job at a time
+# --------------------------------------------------------------------------------------------
+
+
+def build_disruption_budget(job: RLTrainingJob) -> dict[str, Any]:
+    """A node drain (or a cluster autoscaler's scale-down) evicts the job's pods one at a time: each evicted
+    pod gets SIGTERM and its grace period (a learner checkpoints and leaves; a rollout worker's Ray node
+    drains) and the operator replaces it before the eviction API lets the next one go. Without it a drain
+    takes the head, the learner and every worker at once. A pod that is not Ready (a worker crash-looping,
+    one still starting) never holds a drain up: unhealthyPodEvictionPolicy AlwaysAllow."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(job, names.disruption_budget(job.metadata.name), Component.HEAD),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(job.metadata.name)},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # The job's Ray token
 # --------------------------------------------------------------------------------------------
 
@@ -598,8 +618,8 @@ def build_ray_token_secret(job: RLTrainingJob, token: str) -> dict[str, Any]:
 
 
 def build_services(job: RLTrainingJob, options: BuildOptions) -> list[dict[str, Any]]:
-    """The non-pod children: Services and (unless turned off) NetworkPolicies."""
-    out = [build_head_service(job)]
+    """The non-pod children: Services, the PodDisruptionBudget and (unless turned off) NetworkPolicies."""
+    out = [build_head_service(job), build_disruption_budget(job)]
     if job.spec.metrics.enabled:
         out.append(build_metrics_service(job))
     if options.network_policies:

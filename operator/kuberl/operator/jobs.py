@@ -165,7 +165,10 @@ class ChildWriter:
         if job is not None and any(_component(pod) == Component.LEARNER for pod in pods):
             needed.append(builders.build_job_spec_config_map(job))
         builders.adopt([*needed, *pods], owner=self.body)
-        await self._in_batches([*needed, *pods], out, dry_run=True)
+        # The pods go in batches of their own, from one: a namespace that refuses pods (a quota, Pod
+        # Security) refuses one request a try, however many other objects the job has.
+        await self._in_batches(needed, out, dry_run=True)
+        await self._in_batches(pods, out, dry_run=True)
         if out.clean:
             await self._create(needed, out)
             await self._in_batches(pods, out)

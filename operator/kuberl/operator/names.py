@@ -107,6 +107,11 @@ def learner_network_policy(job: str) -> str:
     return f"{job}-learner"
 
 
+def disruption_budget(job: str) -> str:
+    """The PodDisruptionBudget over every pod of the job."""
+    return f"{job}-disruptions"
+
+
 def ray_token_secret(job: str) -> str:
     """The Secret holding the job's Ray token: every Ray process of the job authenticates with it."""
     return f"{job}-ray-token"

@@ -111,6 +111,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
         self.networking = kubernetes.client.NetworkingV1Api(api_client)
+        self.policy = kubernetes.client.PolicyV1Api(api_client)
         self.apps = kubernetes.client.AppsV1Api(api_client)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kuberl-api")
 
@@ -141,6 +142,7 @@ class Kube:
             "Secret": self.core.create_namespaced_secret,
             "ConfigMap": self.core.create_namespaced_config_map,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
+            "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
             "Deployment": self.apps.create_namespaced_deployment,
         }[kind]
         await self._call(fn, namespace, manifest, parse=False, **({"dry_run": "All"} if dry_run else {}))

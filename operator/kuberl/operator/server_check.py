@@ -24,6 +24,7 @@ from kuberl.operator.builders import BuildOptions
 _RESOURCES = {"Pod": ("", "v1", "pods"), "Service": ("", "v1", "services"), "Secret": ("", "v1", "secrets"),
               "ConfigMap": ("", "v1", "configmaps"), "Deployment": ("apps", "v1", "deployments"),
               "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies"),
+              "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
               "RLTrainingJob": (GROUP, VERSION, PLURAL)}
 #: An answer's message is quoted at most this long: a webhook may say a lot.
 MESSAGE_MAX = 1000
