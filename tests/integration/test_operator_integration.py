@@ -212,7 +212,7 @@ def test_job_becomes_k_plus_2_pods_services_and_a_status_that_follows_the_kubele
             assert {n["metadata"]["name"] for n in cluster.list("networkpolicies")} == {f"{JOB}-ray", f"{JOB}-learner"}
             # The disruption controller reads the budget: all pods of the job under it, one at a time.
             budget = cluster.wait_for("poddisruptionbudgets", f"{JOB}-disruptions")
-            assert budget["spec"]["maxUnavailable"] == 1
+            assert budget["spec"]["minAvailable"] == 4  # head, learner, 3 workers: all but one
 
             st = wait_phase(cluster, "Starting")
             assert st["workers"] == "0/3" and st["observedGeneration"] == job["metadata"]["generation"]
@@ -280,13 +280,20 @@ def test_invalid_spec_fails_with_invalid_spec_and_no_pod_is_ever_created(cluster
 # ---- lifecycle ---------------------------------------------------------------------------------------------
 
 
+def budget_min_available(cluster) -> int:
+    return cluster.get("poddisruptionbudgets", f"{JOB}-disruptions")["spec"]["minAvailable"]
+
+
 def test_scale_up_and_down(cluster, operator, job_dict):
+    """The job's disruption budget follows: all its pods but one stay through a drain, at every size."""
     start_running(cluster, job_manifest(job_dict, replicas=2), 2)
+    assert budget_min_available(cluster) == 3  # head, learner, 2 workers: all but one
     cluster.patch("rltj", JOB, {"spec": {"rolloutWorkers": {"replicas": 4}}})
     wait_pods(cluster, {HEAD, LEARNER, *(worker(i) for i in range(4))})
     wait_until(lambda: status(cluster).get("workers") == "2/4")
     assert condition(cluster, "Degraded")["reason"] == "WorkersNotReady"
     wait_event(cluster, "ScaledUp")
+    wait_until(lambda: budget_min_available(cluster) == 5, what="the budget at 6 pods")
     run_all(cluster)
     wait_until(lambda: status(cluster).get("workers") == "4/4")
     wait_until(lambda: condition(cluster, "Degraded").get("status") == "False")
@@ -296,6 +303,7 @@ def test_scale_up_and_down(cluster, operator, job_dict):
     wait_until(lambda: status(cluster).get("workers") == "1/1")
     assert status(cluster)["phase"] == "Running"
     wait_event(cluster, "ScaledDown")
+    wait_until(lambda: budget_min_available(cluster) == 2, what="the budget at 3 pods")
 
 
 def test_failed_or_deleted_worker_is_replaced_and_training_goes_on(cluster, operator, job_dict):
@@ -483,11 +491,13 @@ def test_a_status_another_writer_overwrites_is_written_again(cluster, operator, 
 
 
 def test_the_operator_uses_every_permission_the_chart_grants_and_no_other(cluster, operator, job_dict):
-    """RBAC is what the operator uses: one job through what a job can go through (created, a worker replaced,
-    finished, deleted by its TTL) and one served after training; the audit log's requests of the operator's
+    """RBAC is what the operator uses: one job through what a job can go through (created, scaled, a worker
+    replaced, finished, deleted by its TTL) and one served after training; the audit log's requests of the operator's
     ServiceAccount, as (group, resource, verb), are exactly the chart's namespaced grants, none refused."""
     served = copy.deepcopy(job_dict)
     start_running(cluster, job_manifest(job_dict, replicas=1, ttlSecondsAfterFinished=0), 1)
+    cluster.patch("rltj", JOB, {"spec": {"rolloutWorkers": {"replicas": 2}}})
+    wait_event(cluster, "ScaledUp")
     cluster.set_pod_phase(cluster.namespace, worker(0), "Failed")
     wait_until(lambda: condition(cluster, "Degraded").get("reason") == "WorkerReplaced")
     cluster.set_pod_phase(cluster.namespace, LEARNER, "Succeeded")

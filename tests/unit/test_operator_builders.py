@@ -76,7 +76,8 @@ def test_children_names_labels_and_kinds(job):
         "Service", "PodDisruptionBudget", "Service"]
     budget = others[1]["spec"]
     # Every pod of the job (head, learner, workers) under one budget: a drain takes one at a time.
-    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": {"kuberl.dev/job-name": "cartpole-ppo"}},
+    # head + learner + 3 workers, all but one.
+    assert budget == {"minAvailable": 4, "selector": {"matchLabels": {"kuberl.dev/job-name": "cartpole-ppo"}},
                       "unhealthyPodEvictionPolicy": "AlwaysAllow"}
 
 

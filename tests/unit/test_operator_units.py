@@ -39,6 +39,7 @@ def test_rules_grant_exactly_what_the_operator_does_and_only_create_on_secrets()
         ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "create"), ("", "pods", "delete"),
         ("", "services", "create"), ("", "secrets", "create"), ("", "configmaps", "create"),
         ("networking.k8s.io", "networkpolicies", "create"), ("policy", "poddisruptionbudgets", "create"),
+        ("policy", "poddisruptionbudgets", "patch"),
         ("apps", "deployments", "create"),
         ("", "events", "create"),
     }

@@ -585,14 +585,26 @@ def build_disruption_budget(job: RLTrainingJob) -> dict[str, Any]:
     pod gets SIGTERM and its grace period (a learner checkpoints and leaves; a rollout worker's Ray node
     drains) and the operator replaces it before the eviction API lets the next one go. Without it a drain
     takes the head, the learner and every worker at once. A pod that is not Ready (a worker crash-looping,
-    one still starting) never holds a drain up: unhealthyPodEvictionPolicy AlwaysAllow."""
+    one still starting) never holds a drain up: unhealthyPodEvictionPolicy AlwaysAllow.
+
+    minAvailable, not maxUnavailable: the disruption controller takes maxUnavailable only for pods whose
+    controller has a scale subresource giving their count, which a job's pods (head, learners, workers)
+    are not; so the operator sets the count, and patches it when the job scales (`disruption_budget_pods`)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(job, names.disruption_budget(job.metadata.name), Component.HEAD),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(job.metadata.name)},
+        "spec": {"minAvailable": disruption_budget_pods(job) - 1,
+                 "selector": {"matchLabels": names.selector(job.metadata.name)},
                  "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
+
+
+def disruption_budget_pods(job: RLTrainingJob, replicas: int | None = None) -> int:
+    """The job's training pods at `replicas` rollout workers (default: its spec's): the head, the learners
+    and the workers."""
+    workers = job.spec.rollout_workers.replicas if replicas is None else replicas
+    return 1 + learner_pods(job) + workers
 
 
 # --------------------------------------------------------------------------------------------

@@ -157,6 +157,13 @@ class ChildWriter:
         for result in deletions:  # 404/409: already gone, or replaced by a pod with another uid
             if isinstance(result, Exception) and not (isinstance(result, ApiError) and result.status in (404, 409)):
                 out.error = out.error or result
+        if plan.budget_min_available is not None:
+            try:
+                budget = names.disruption_budget(self.body["metadata"]["name"])
+                await kube.patch_disruption_budget(self.namespace, budget, plan.budget_min_available)
+            except ApiError as err:  # 404: a job from before budgets, or one whose budget someone deleted
+                if err.status != 404:
+                    out.error = out.error or err
         pods = list(plan.create)
         needed: list[dict[str, Any]] = []
         if plan.ensure_services and job is not None:

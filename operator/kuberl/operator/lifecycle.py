@@ -76,6 +76,8 @@ class Plan:
     wake_in: float | None = None
     #: Components whose pods were replaced this pass (operator metrics).
     restarts: list[Component] = field(default_factory=list)
+    #: The job's PodDisruptionBudget's minAvailable, when scaling changed the job's pod count.
+    budget_min_available: int | None = None
 
     @property
     def acted(self) -> bool:
@@ -417,6 +419,8 @@ def _follow_workers(pass_: _Pass, job: RLTrainingJob) -> None:
     previous = pass_.status.workers_desired
     removed = sorted(i for i in pass_.worker_pods if i >= desired)
     pass_.delete([pass_.worker_pods.pop(i) for i in removed])
+    if desired != previous and previous > 0:
+        pass_.plan.budget_min_available = builders.disruption_budget_pods(job, desired) - 1
     if desired < previous or removed:
         deleting = f": deleting {', '.join(names.worker_pod(pass_.meta.name, i) for i in removed)}"
         pass_.plan.events.append(Event("Normal", "ScaledDown", f"rollout workers {previous} -> {desired}"

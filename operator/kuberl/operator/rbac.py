@@ -37,8 +37,8 @@ RULES: list[dict[str, list[str]]] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
     # The Ray and learner NetworkPolicies of each job.
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create"]},
-    # Each job's PodDisruptionBudget: a drain evicts its pods one at a time.
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create"]},
+    # Each job's PodDisruptionBudget: a drain evicts its pods one at a time; patched when the job scales.
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create", "patch"]},
     # spec.serving: the Deployment serving the trained policy.
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"]},
     # Kubernetes Events on every phase transition (kopf posts core/v1 Events).

@@ -147,6 +147,10 @@ class Kube:
         }[kind]
         await self._call(fn, namespace, manifest, parse=False, **({"dry_run": "All"} if dry_run else {}))
 
+    async def patch_disruption_budget(self, namespace: str, name: str, min_available: int) -> None:
+        await self._call(self.policy.patch_namespaced_pod_disruption_budget, name, namespace,
+                         {"spec": {"minAvailable": min_available}}, parse=False)
+
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if uid:
