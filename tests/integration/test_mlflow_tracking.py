@@ -10,14 +10,13 @@ tests/data/mlflow-constraints.txt), installed from PyPI on first use.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 import yaml
+from tcp_faults import TcpFaults
 from tools import MLflowServer
 
 from kuberl.api.load import parse_job
@@ -86,53 +85,6 @@ def test_a_run_logs_its_job_every_iteration_its_files_and_its_policy(mlflow_serv
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["run_id"] == seen["run_id"]
 
 
-class Switch:
-    """A TCP port in front of the tracking server that refuses every connection (closes it at once) until
-    `up()`, then carries each one through: a tracker that is down, then back."""
-
-    def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._up = threading.Event()
-        self.refused = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def up(self) -> None:
-        self._up.set()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            if not self._up.is_set():
-                self.refused += 1
-                conn.close()
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 def _until(predicate, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -142,8 +94,10 @@ def _until(predicate, seconds: float, what: str) -> None:
 
 
 def test_a_tracker_down_while_the_run_trains_loses_nothing_and_says_so(mlflow_server, local_ray, job_dict, tmp_path):
-    switch = Switch(int(mlflow_server.uri.rsplit(":", 1)[1]))
-    job = parse_job(tracked_job(job_dict, f"http://127.0.0.1:{switch.port}", "tracked-down", max_env_steps=12_288))
+    # Down (every connection refused) until iteration 3, then carried through.
+    switch = TcpFaults(int(mlflow_server.uri.rsplit(":", 1)[1]))
+    switch.always = ("refuse",)
+    job = parse_job(tracked_job(job_dict, switch.endpoint, "tracked-down", max_env_steps=12_288))
     said: dict[int, float | None] = {}
 
     def reachable_metric(loop) -> float | None:
@@ -161,7 +115,7 @@ def test_a_tracker_down_while_the_run_trains_loses_nothing_and_says_so(mlflow_se
             _until(lambda: tracker.reachable is False, 120, "the tracker to find MLflow unreachable")
         elif row["iteration"] == 3:
             assert tracker.run_id is None, "a run was made while the tracker was down"
-            switch.up()
+            switch.always = None
             _until(lambda: tracker.reachable is True, 120, "the tracker to reach MLflow once it is up")
 
     try:

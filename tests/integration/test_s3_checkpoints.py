@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-from collections import deque
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from tcp_faults import TcpFaults
 
 from kuberl.api.load import parse_job
 from kuberl.trainer import checkpoint_store
@@ -107,55 +105,6 @@ def test_resume_from_starts_a_run_from_another_runs_newest_and_leaves_those_alon
     assert names(creds, "child")[-1] == f"ckpt-{child.counters.iterations:09d}.pt"
 
 
-class Cutter:
-    """A TCP port in front of the store. Each new connection takes the next action queued (default: carry
-    it through): ("refuse",) closes it at once; ("cut", n) carries the client's first n bytes to the
-    store, then closes both sides: a request cut off partway, as a network or a killed pod cuts it."""
-
-    def __init__(self, endpoint: str):
-        host, port = endpoint.removeprefix("http://").rsplit(":", 1)
-        self.target = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.actions: deque[tuple] = deque()
-        self.always: tuple | None = None
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            action = self.actions.popleft() if self.actions else self.always or ("pass",)
-            if action[0] == "refuse":
-                conn.close()
-                continue
-            upstream = socket.create_connection(self.target)
-            budget = action[1] if action[0] == "cut" else None
-            threading.Thread(target=self._pump, args=(conn, upstream, budget), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, conn, None), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, budget: int | None) -> None:
-        try:
-            while data := src.recv(65536):
-                if budget is not None:
-                    data = data[:budget]
-                    budget -= len(data)
-                dst.sendall(data)
-                if budget == 0:
-                    break
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
 def state_file(tmp_path: Path, value: float, size: int = 500_000) -> Path:
     path = tmp_path / f"state-{value}.pt"
     torch.save({"w": torch.full((size // 8,), value, dtype=torch.float64)}, path)
@@ -164,7 +113,7 @@ def state_file(tmp_path: Path, value: float, size: int = 500_000) -> Path:
 
 def test_a_write_cut_off_anywhere_leaves_the_previous_checkpoint_the_newest(creds, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(checkpoint_store, "RETRY_SECONDS", (0.0, 0.0))
-    cutter = Cutter(creds.endpoint)
+    cutter = TcpFaults(int(creds.endpoint.rsplit(":", 1)[1]))
     uri = creds.uri("cut")
     bucket, prefix = parse_s3_uri(uri)
     direct = ObjectCheckpoints(uri, creds.client(), prefix)
@@ -195,7 +144,7 @@ def test_a_write_cut_off_anywhere_leaves_the_previous_checkpoint_the_newest(cred
 
 def test_a_store_down_mid_run_costs_checkpoints_there_not_the_run(creds, local_ray, job_dict, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint_store, "RETRY_SECONDS", (0.0, 0.0))
-    cutter = Cutter(creds.endpoint)
+    cutter = TcpFaults(int(creds.endpoint.rsplit(":", 1)[1]))
     failures: list[float] = []
 
     def observe(row: dict, loop) -> None:
