@@ -146,19 +146,24 @@ def test_a_store_down_mid_run_costs_checkpoints_there_not_the_run(creds, local_r
     monkeypatch.setattr(checkpoint_store, "RETRY_SECONDS", (0.0, 0.0))
     cutter = TcpFaults(int(creds.endpoint.rsplit(":", 1)[1]))
     failures: list[float] = []
+    took: list[float] = []
 
     def observe(row: dict, loop) -> None:
         # Down from the 6th iteration to the 14th: the checkpoints at 8 and 12 cannot go up.
         cutter.always = ("refuse",) if 6 <= row["iteration"] < 14 else None
-        failures.append(loop.metrics.registry.get_sample_value(
-            "kuberl_checkpoint_upload_failures_total", dict(zip(
-                ("job_name", "namespace", "algorithm", "environment"), loop.metrics.labels.values(), strict=True))))
+        labels = dict(zip(("job_name", "namespace", "algorithm", "environment"), loop.metrics.labels.values(),
+                          strict=True))
+        failures.append(loop.metrics.registry.get_sample_value("kuberl_checkpoint_upload_failures_total", labels))
+        if row["iteration"] == 5:  # the 4th iteration's checkpoint written and uploaded: what SIGTERM's would take
+            took.extend(loop.metrics.registry.get_sample_value(name, labels)
+                        for name in ("kuberl_checkpoint_seconds", "kuberl_checkpoint_upload_seconds"))
 
     job = parse_job(stored_job(job_dict, "down", {"uri": creds.uri("down"), "endpoint": cutter.endpoint}, 20_000))
     job.spec.checkpointing.keep_last = 10
     result = train(job, opts(tmp_path / "run", on_iteration=observe))
     assert result.ok and result.counters.iterations >= 16
     assert failures[-1] == 2.0, failures
+    assert len(took) == 2 and all(0 < t < 60 for t in took), took
     committed = ObjectCheckpoints(creds.uri("down"), creds.client(), "down/").committed()
     assert 8 not in committed and 12 not in committed, committed
     assert {4, 16, result.counters.iterations} <= set(committed), committed

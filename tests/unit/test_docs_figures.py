@@ -46,6 +46,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("docs/sweeps.md", "30 s"): "the time limit of one pass of a sweep's loop (sweeps.PASS_TIMEOUT_S)",
     ("docs/observability.md", "0.1 s"): "the timer the event-loop lag metric sleeps on",
     ("docs/operator.md", "15 s"): "how long a raylet waits for its agents, fixed in Ray",
+    ("docs/checkpoints.md", "30 s"): "Kubernetes' default terminationGracePeriodSeconds",
 }
 
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"

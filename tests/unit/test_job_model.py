@@ -307,3 +307,17 @@ def test_an_override_is_validated_with_the_job_and_names_its_flag(job_dict):
     job = parse_with_overrides(job_dict, (dataclasses.replace(workers, value=3),))
     assert job.spec.rollout_workers.replicas == 3
     assert job_dict["spec"]["rolloutWorkers"]["replicas"] == 2  # the caller's dict is left alone
+
+
+@pytest.mark.parametrize(("algorithm", "example", "width"), [("dqn", "cartpole-dqn.yaml", 128),
+                                                           ("sac", "pendulum-sac.yaml", 256)])
+def test_a_network_given_only_its_sizes_keeps_the_algorithms_activation(algorithm, example, width):
+    """DQN's and SAC's networks are ReLU by default (PPO's tanh): a job that sets only hiddenSizes keeps ReLU,
+    and one that sets nothing keeps the default widths too."""
+    data = yaml.safe_load((REPO / "examples" / example).read_text())
+    data["spec"]["algorithm"][algorithm] = {"network": {"hiddenSizes": [64, 64]}}
+    network = getattr(parse_job(data).spec.algorithm, algorithm).network
+    assert (network.hidden_sizes, network.activation) == ([64, 64], "relu")
+    data["spec"]["algorithm"][algorithm] = {}
+    network = getattr(parse_job(data).spec.algorithm, algorithm).network
+    assert (network.hidden_sizes, network.activation) == ([width, width], "relu")

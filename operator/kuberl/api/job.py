@@ -201,6 +201,23 @@ class NetworkSpec(_Model):
         return v
 
 
+class ReluNetworkSpec(NetworkSpec):
+    """An MLP whose hidden layers default to ReLU: a job that gives only hiddenSizes keeps the algorithm's
+    activation rather than PPO's tanh."""
+
+    activation: Literal["tanh", "relu"] = Field(default="relu", description="Hidden-layer activation.")
+
+
+class QNetworkSpec(ReluNetworkSpec):
+    hidden_sizes: list[int] = Field(default=[128, 128], min_length=1, max_length=8,
+                                    description="Widths of the hidden layers of the MLP torso, first to last.")
+
+
+class ActorCriticNetworkSpec(ReluNetworkSpec):
+    hidden_sizes: list[int] = Field(default=[256, 256], min_length=1, max_length=8,
+                                    description="Widths of the hidden layers of the MLP torso, first to last.")
+
+
 class PPOConfig(_Model):
     """Proximal Policy Optimization (clipped objective, GAE). Defaults solve CartPole-v1."""
 
@@ -285,10 +302,7 @@ class DQNConfig(_Model):
     )
     max_grad_norm: float = Field(default=10.0, gt=0, description="Global gradient-norm clip.")
     loss: Literal["huber", "mse"] = Field(default="huber", description="TD loss.")
-    network: NetworkSpec = Field(
-        default_factory=lambda: NetworkSpec(hidden_sizes=[128, 128], activation="relu"),
-        description="Q-network MLP shape.",
-    )
+    network: QNetworkSpec = Field(default_factory=QNetworkSpec, description="Q-network MLP shape.")
 
 
 class BDQConfig(DQNConfig):
@@ -320,8 +334,8 @@ class ContinuousReplayConfig(_Model):
     train_frequency: int = _train_frequency(1)
     gradient_steps: int = _gradient_steps(1)
     tau: float = Field(default=0.005, gt=0, le=1, description="Polyak coefficient for the target networks.")
-    network: NetworkSpec = Field(
-        default_factory=lambda: NetworkSpec(hidden_sizes=[256, 256], activation="relu"),
+    network: ActorCriticNetworkSpec = Field(
+        default_factory=ActorCriticNetworkSpec,
         description="Actor and Q-network MLP shape.",
     )
 

@@ -302,7 +302,9 @@ def checkpoint_when_due(loop: Loop, force: bool = False) -> None:
         "recent_returns": torch.tensor(list(loop.recent_returns), dtype=torch.float64),
         "torch_rng": torch.get_rng_state(),
     }
+    t0 = time.perf_counter()
     path = ckpt.save_checkpoint(loop.ckpt_dir, counters.iterations, state, settings.keep_last)
+    loop.metrics.set("kuberl_checkpoint_seconds", time.perf_counter() - t0)
     loop.last_ckpt_time = time.monotonic()
     loop.last_ckpt_iter = counters.iterations
     loop.metrics.inc("kuberl_checkpoints_total", 1)

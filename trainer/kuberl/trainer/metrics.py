@@ -33,6 +33,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_checkpoints_total": ("counter", "Checkpoints written."),
     "kuberl_checkpoint_iteration": (
         "gauge", "Learner iteration of the newest checkpoint (its file is ckpt-<iteration>.pt)."),
+    "kuberl_checkpoint_seconds": (
+        "gauge", "Seconds the newest checkpoint took to write to disk (serialised and synced): what a SIGTERM's "
+                 "checkpoint needs of the pod's grace period, with the upload (0 before the first)."),
     "kuberl_checkpoint_upload_seconds": (
         "gauge", "Seconds the newest checkpoint took to reach the object store (spec.checkpointing.s3), commit "
                  "included (0 before the first, and without one)."),
