@@ -19,7 +19,7 @@ from kuberl.api.problems import InvalidJob
 from kuberl.api.tenancy import Tenancy, problems
 from kuberl.operator import builders
 from kuberl.operator.builders import BuildOptions
-from kuberl.trainer.checkpoint_store import _manifest
+from kuberl.trainer.checkpoint_store import ObjectCheckpoints, _manifest
 from kuberl.trainer.object_store import Credentials, ObjectStoreError, S3Client, parse_s3_uri, sign
 
 # AWS's example credentials and the four requests of "Examples: Signature Calculations in AWS Signature
@@ -123,9 +123,13 @@ class _Store(http.server.BaseHTTPRequestHandler):
     """A server answering every request with `answer` (status, body, headers): what a hostile store sends."""
 
     answer: tuple[int, bytes, dict[str, str]] = (200, b"", {})
+    #: The answer to a listing (ListObjectsV2), when set; else `answer` too.
+    listing: bytes | None = None
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         status, body, headers = self.answer
+        if self.listing is not None and "list-type=2" in self.path:
+            status, body, headers = 200, self.listing, {}
         self.send_response(status)
         for k, v in {"Content-Length": str(len(body)), **headers}.items():
             self.send_header(k, v)
@@ -142,6 +146,7 @@ def hostile():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
+    _Store.listing = None
 
 
 def client_of(server) -> S3Client:
@@ -178,3 +183,22 @@ def test_what_the_store_refuses_for_good_is_told_from_what_may_pass(hostile, sta
     with pytest.raises(ObjectStoreError) as err:
         client_of(hostile).get_bytes("runs/x", 100)
     assert err.value.refused is refused and err.value.status == status
+
+
+TWO_CHECKPOINTS = (b"<ListBucketResult><Key>runs/ckpt-000000001.json</Key><Key>runs/ckpt-000000001.pt</Key>"
+                   b"<Key>runs/ckpt-000000002.json</Key><Key>runs/ckpt-000000002.pt</Key></ListBucketResult>")
+
+
+def test_a_newest_checkpoint_the_store_fails_to_serve_stops_the_load_rather_than_take_an_older_one(hostile):
+    """A 503 may pass: the newest may be whole, and resuming from the one before would redo its steps."""
+    _Store.listing = TWO_CHECKPOINTS
+    _Store.answer = (503, b"<Error><Code>SlowDown</Code><Message>later</Message></Error>", {})
+    with pytest.raises(ObjectStoreError) as err:
+        ObjectCheckpoints("s3://ckpt/runs", client_of(hostile), "runs/").load_latest()
+    assert "ckpt-000000002.json" in str(err.value)
+
+
+def test_checkpoints_whose_files_are_gone_are_passed_over(hostile):
+    _Store.listing = TWO_CHECKPOINTS
+    _Store.answer = (404, b"<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>", {})
+    assert ObjectCheckpoints("s3://ckpt/runs", client_of(hostile), "runs/").load_latest() is None

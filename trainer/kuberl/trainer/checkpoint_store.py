@@ -93,6 +93,10 @@ class ObjectCheckpoints:
             except ObjectStoreError as err:
                 if err.refused:
                     raise self._refusal(err) from None
+                if err.status != 404:
+                    # The store failed to answer (5xx, cut off, down): the checkpoint may be whole, and a
+                    # learner that took an older one instead would redo what it holds. The caller stops.
+                    raise
                 log.warning("checkpoint %s cannot be read (%s); trying the previous one", where, err)
             except Exception as err:  # noqa: BLE001 - a corrupt state raises many types; all mean "unusable"
                 log.warning("checkpoint %s does not load (%s: %s); trying the previous one",
