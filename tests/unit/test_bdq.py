@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kuberl.api.job import BDQConfig, NetworkSpec
+from kuberl.api.job import BDQConfig, QNetworkSpec
 from kuberl.trainer.algorithms.bdq import BDQ, bdq_targets
 from kuberl.trainer.networks import BranchingQNetwork
 from kuberl.trainer.policies import BranchingQPolicy, make_policy
@@ -62,7 +62,7 @@ def test_single_branch_target_ignores_illegal_next_actions():
 
 def test_update_minimises_the_branch_averaged_loss_against_those_targets():
     info = space_info(gym.spaces.Box(-1, 1, (4,)), gym.spaces.MultiDiscrete([3, 2]))
-    cfg = BDQConfig(batch_size=8, buffer_size=64, network=NetworkSpec(hidden_sizes=[16], activation="relu"),
+    cfg = BDQConfig(batch_size=8, buffer_size=64, network=QNetworkSpec(hidden_sizes=[16], activation="relu"),
                     branch_hidden_size=8, loss="mse")
     algo = BDQ(cfg, info, CPU, seed=0, total_env_steps=1000)
     rng = np.random.default_rng(0)
@@ -95,7 +95,7 @@ def test_update_minimises_the_branch_averaged_loss_against_those_targets():
 @pytest.mark.parametrize("hidden", [[32], [32, 16]], ids=["one-layer", "two-layers"])
 def test_numpy_branching_policy_matches_torch(obs_space, hidden):
     info = space_info(obs_space, gym.spaces.MultiDiscrete([3, 4, 2]))
-    cfg = BDQConfig(network=NetworkSpec(hidden_sizes=hidden, activation="tanh"), branch_hidden_size=8)
+    cfg = BDQConfig(network=QNetworkSpec(hidden_sizes=hidden, activation="tanh"), branch_hidden_size=8)
     algo = BDQ(cfg, info, CPU, seed=1, total_env_steps=1000)
     if isinstance(obs_space, gym.spaces.Dict):
         assert set(algo.q.encoders) == {"macro", "micro"}  # one encoder per part, fused after
@@ -125,7 +125,8 @@ def test_macro_and_micro_parts_are_encoded_separately():
 
 def test_exploration_is_per_branch_and_one_branch_discrete_respects_masks():
     info = space_info(gym.spaces.Box(-1, 1, (4,)), gym.spaces.MultiDiscrete([3, 5]))
-    algo = BDQ(BDQConfig(network=NetworkSpec(hidden_sizes=[8])), info, CPU, seed=0, total_env_steps=1000)
+    algo = BDQ(BDQConfig(network=QNetworkSpec(hidden_sizes=[8], activation="tanh")), info, CPU, seed=0,
+               total_env_steps=1000)
     policy = make_policy(info, algo.policy_config())
     policy.load(algo.weights())
     obs = np.zeros((4000, 4), np.float32)
@@ -136,7 +137,8 @@ def test_exploration_is_per_branch_and_one_branch_discrete_respects_masks():
     assert abs(np.corrcoef(actions[:, 0], actions[:, 1])[0, 1]) < 0.05
 
     one = space_info(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(5))
-    algo = BDQ(BDQConfig(network=NetworkSpec(hidden_sizes=[8])), one, CPU, seed=0, total_env_steps=1000)
+    algo = BDQ(BDQConfig(network=QNetworkSpec(hidden_sizes=[8], activation="tanh")), one, CPU, seed=0,
+               total_env_steps=1000)
     policy = make_policy(one, algo.policy_config())
     policy.load(algo.weights())
     mask = np.zeros((16, 5), bool)
@@ -159,7 +161,7 @@ def test_bdq_learns_a_factored_bandit_from_few_samples():
     actions = rng.integers(0, 4, (600, 3))
     rewards = (actions == best[ctx]).sum(axis=1).astype(np.float32)
     cfg = BDQConfig(batch_size=64, buffer_size=1000, learning_rate=3e-3, learning_starts=0, train_frequency=1,
-                    network=NetworkSpec(hidden_sizes=[32], activation="relu"), branch_hidden_size=16,
+                    network=QNetworkSpec(hidden_sizes=[32], activation="relu"), branch_hidden_size=16,
                     target_aggregation="independent")
     algo = BDQ(cfg, info, CPU, seed=0, total_env_steps=1000)
     algo.buffer.add({"obs": obs, "next_obs": obs, "actions": actions, "rewards": rewards,

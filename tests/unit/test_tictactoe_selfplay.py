@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kuberl.api.job import DQNConfig, EvaluationSuite, NetworkSpec
+from kuberl.api.job import DQNConfig, EvaluationSuite, QNetworkSpec
 from kuberl.api.load import parse_job
 from kuberl.trainer.algorithms.dqn import DQN
 from kuberl.trainer.envs import validate_env_kwargs
@@ -29,7 +29,7 @@ POLICY = {"kind": "dqn", "n_layers": 1, "activation": "relu", "dueling": True}
 def q_weights(seed: int) -> dict[str, np.ndarray]:
     """Weights of a randomly initialised Q-network shaped like POLICY."""
     info = space_info(gym.spaces.Box(0.0, 1.0, (18,), np.float32), gym.spaces.Discrete(9))
-    cfg = DQNConfig(network=NetworkSpec(hidden_sizes=[32], activation="relu"))
+    cfg = DQNConfig(network=QNetworkSpec(hidden_sizes=[32], activation="relu"))
     return DQN(cfg, info, torch.device("cpu"), seed, 10_000).weights()
 
 
