@@ -116,11 +116,11 @@ class ObjectCheckpoints:
     def save(self, local: Path, iteration: int, keep_last: int, job_name: str) -> StoredCheckpoint:
         """Upload the local checkpoint `local` as `iteration`, commit it, prune past `keep_last`. Retries
         what may pass on a second try; raises ObjectStoreError when it does not."""
-        key = f"ckpt-{iteration:09d}"
+        key, digest = f"ckpt-{iteration:09d}", file_sha256(local)
         manifest = json.dumps({"format": MANIFEST_FORMAT, "iteration": iteration, "object": f"{key}.pt",
-                               "bytes": local.stat().st_size, "sha256": file_sha256(local), "job": job_name,
+                               "bytes": local.stat().st_size, "sha256": digest, "job": job_name,
                                "written": round(time.time(), 3)}, sort_keys=True).encode()
-        self._retrying(lambda: self.client.put_file(f"{self.prefix}{key}.pt", local))
+        self._retrying(lambda: self.client.put_file(f"{self.prefix}{key}.pt", local, sha256=digest))
         self._retrying(lambda: self.client.put_bytes(f"{self.prefix}{key}.json", manifest, "application/json"))
         try:
             self._prune(keep_last)

@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from kuberl.api.job import S3_URI_PATTERN
+
 #: Bytes read from any answer that is not an object's content (an error, a listing page).
 ANSWER_BYTES_MAX = 4 << 20
 #: Listing pages followed for one prefix (1,000 keys a page): far more checkpoints than keepLast allows.
 LIST_PAGES_MAX = 100
 _CHUNK = 1 << 20
-_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
 #: Characters SigV4 leaves unescaped in a path or a query (RFC 3986's unreserved set).
 _UNRESERVED = "-_.~"
 
@@ -73,11 +74,11 @@ class Credentials:
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """`s3://bucket/some/prefix` -> ("bucket", "some/prefix/"), the prefix empty or ending in one /."""
-    match = _S3_URI.match(uri)
-    if match is None:
+    if re.fullmatch(S3_URI_PATTERN, uri) is None:  # the job model's rule, which the spec was held to
         raise ValueError(f"{uri!r} is not s3://bucket/prefix")
-    prefix = (match.group("prefix") or "").strip("/")
-    return match.group("bucket"), f"{prefix}/" if prefix else ""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
 
 
 def _hmac(key: bytes, text: str) -> bytes:
@@ -157,8 +158,10 @@ class S3Client:
 
     # ---- the calls -------------------------------------------------------------------------------
 
-    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream") -> None:
-        digest, size = file_sha256(path), path.stat().st_size
+    def put_file(self, key: str, path: Path, content_type: str = "application/octet-stream",
+                 sha256: str | None = None) -> None:
+        """`path`'s bytes as `key`; `sha256`, when the caller has it already, spares reading the file twice."""
+        digest, size = sha256 or file_sha256(path), path.stat().st_size
         with path.open("rb") as body:
             self._call("PUT", key, {}, {"Content-Type": content_type, "Content-Length": str(size)}, digest, body)
 

@@ -411,10 +411,11 @@ def _load_from_store(spec, store: Any, device: Any) -> tuple[str, dict[str, Any]
     from kuberl.trainer.object_store import ObjectStoreError
 
     s3 = spec.checkpointing.s3
-    for source in (store, None if s3.resume_from is None else ObjectCheckpoints.open(
-            s3.resume_from, s3.endpoint, s3.region, "spec.checkpointing.s3.resumeFrom")):
-        if source is None:
-            continue
+    sources = [store]
+    if s3.resume_from is not None:
+        sources.append(ObjectCheckpoints.open(s3.resume_from, s3.endpoint, s3.region,
+                                              "spec.checkpointing.s3.resumeFrom"))
+    for source in sources:
         try:
             found = source.load_latest(map_location=device)
         except ObjectStoreError as err:  # CheckpointStoreRefused is no ObjectStoreError: it goes on up
