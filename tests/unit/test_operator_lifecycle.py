@@ -271,6 +271,52 @@ def test_learner_restart_with_a_claim_says_it_resumes(sim):
     assert "resuming from the newest checkpoint on PersistentVolumeClaim ckpt" in plan.events[0].message
 
 
+def test_a_restarted_learners_grace_period_is_sized_from_the_longest_checkpoint_measured(sim):
+    """The first learner pod has Kubernetes' default grace; each one after carries the job's longest measured
+    checkpoint (to disk and to the store) twice over, on top of the default: a SIGTERM's checkpoint fits."""
+    plan = sim.step()
+    learner = next(m for m in plan.create if m["metadata"]["name"] == "cartpole-ppo-learner")
+    assert "terminationGracePeriodSeconds" not in learner["spec"]  # nothing measured yet
+    sim.run_all()
+
+    def report(seconds: float | None) -> job_status.LearnerReport:
+        return job_status.LearnerReport(Progress(env_steps=512, iterations=3), None, False, checkpoint_seconds=seconds)
+
+    sim.step(report=report(41.2))
+    sim.step(report=report(7.5))  # a smaller one later does not shrink it: the buffer's checkpoint grows
+    sim.step(report=report(None))
+    assert sim.status.checkpoint_seconds == 41.2
+    sim.set("cartpole-ppo-learner", "Failed")
+    sim.step()
+    plan = sim.step(seconds=0.1)
+    learner = next(m for m in plan.create if m["metadata"]["name"] == "cartpole-ppo-learner")
+    assert learner["spec"]["terminationGracePeriodSeconds"] == 30 + 83
+
+
+def test_the_grace_period_from_a_measured_checkpoint_is_bounded_and_a_templates_own_wins(job_dict):
+    job = parse_job(job_dict, check=check_registered)
+    assert builders.learner_grace_seconds(None) is None
+    assert builders.learner_grace_seconds(0.07) == 31
+    assert builders.learner_grace_seconds(3600.0) == builders.MAX_LEARNER_GRACE_SECONDS == 600
+    assert builders.build_learner_pod(job, OPTIONS, checkpoint_seconds=10.0)["spec"][
+        "terminationGracePeriodSeconds"] == 50
+    job_dict["spec"]["learner"] = {"template": {"spec": {"terminationGracePeriodSeconds": 900}}}
+    job = parse_job(job_dict, check=check_registered)
+    assert builders.build_learner_pod(job, OPTIONS, checkpoint_seconds=10.0)["spec"][
+        "terminationGracePeriodSeconds"] == 900
+
+
+def test_the_checkpoint_time_is_read_from_the_learners_metrics_disk_and_store_together():
+    text = 'kuberl_env_steps_total{job_name="j"} 512\nkuberl_checkpoint_seconds{job_name="j"} 0.25\n'
+    assert job_status.parse_learner_metrics(text, job_name="j").checkpoint_seconds == 0.2
+    both = text + 'kuberl_checkpoint_upload_seconds{job_name="j"} 1.5\n'
+    assert job_status.parse_learner_metrics(both, job_name="j").checkpoint_seconds == 1.8
+    # Before the first checkpoint the gauges read 0; a figure no checkpoint takes is the tenant's invention.
+    for value in ("0", "-3", "1e12", "NaN", "+Inf"):
+        hostile = text.replace("0.25", value)
+        assert job_status.parse_learner_metrics(hostile, job_name="j").checkpoint_seconds is None, value
+
+
 def test_head_failure_recreates_the_ray_cluster_in_a_new_epoch(sim):
     running(sim)
     sim.set("cartpole-ppo-head", "Failed")

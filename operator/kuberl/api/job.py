@@ -1034,6 +1034,10 @@ class RLTrainingJobStatus(_Model):
     progress: Progress = Field(default_factory=Progress, description="Training progress from the learner.")
     last_checkpoint: str | None = Field(default=None, description="Newest checkpoint file.")
     last_checkpoint_time: datetime | None = Field(default=None, description="When it was written.")
+    checkpoint_seconds: float | None = Field(
+        default=None, ge=0, description="The longest one checkpoint of this job has taken, to disk and (with "
+                                        "spec.checkpointing.s3) to the store, to 0.1, as the learner reports it: "
+                                        "each new learner pod's grace period is sized from it.")
     stopped_by: StopReason | None = Field(
         default=None, description="Why training stopped, from the learner's final metrics: the stopping rule "
                                   "met first (target_return, max_env_steps, max_episodes, max_wall_clock_seconds).")

@@ -330,8 +330,28 @@ def preference_config_map(job: RLTrainingJob) -> tuple[dict[str, Any], dict[str,
             {"name": "preferences", "mountPath": PREFERENCE_CONFIGMAP_MOUNT, "readOnly": True})
 
 
-def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0) -> dict[str, Any]:
-    """The learner: joins the head, trains, checkpoints to the volume, serves /metrics, exits 0 when done."""
+#: Kubernetes' own grace period (a pod's terminationGracePeriodSeconds when unset): what a learner needs
+#: on SIGTERM besides its checkpoint (the iteration under way, leaving Ray) fits in it on every bed run.
+DEFAULT_GRACE_SECONDS = 30
+#: The longest grace period the operator gives a learner from its measured checkpoint time (the figure is
+#: the tenant's pod's to report): ten minutes. A job that needs longer says so in its learner template.
+MAX_LEARNER_GRACE_SECONDS = 600
+
+
+def learner_grace_seconds(checkpoint_seconds: float | None) -> int | None:
+    """A learner pod's grace period from the longest checkpoint the job has measured (status.checkpointSeconds):
+    Kubernetes' default plus twice the checkpoint (a replay buffer still filling, a slower disk or link on
+    another node), at most MAX_LEARNER_GRACE_SECONDS; None (Kubernetes' default) before the first."""
+    if checkpoint_seconds is None:
+        return None
+    return min(MAX_LEARNER_GRACE_SECONDS, DEFAULT_GRACE_SECONDS + math.ceil(2 * checkpoint_seconds))
+
+
+def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0,
+                      checkpoint_seconds: float | None = None) -> dict[str, Any]:
+    """The learner: joins the head, trains, checkpoints to the volume, serves /metrics, exits 0 when done.
+    `checkpoint_seconds`: the longest checkpoint the job has measured, which sizes the pod's grace period
+    (SIGTERM's checkpoint must fit in it) unless the learner's template sets one."""
     learner = job.spec.learner
     spec_map = build_job_spec_config_map(job)
     env = [
@@ -375,6 +395,9 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
     meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
                      annotations=annotations)
     pod = _pod(meta, containers=[container], volumes=volumes, node_selector=learner.node_selector)
+    grace = learner_grace_seconds(checkpoint_seconds)
+    if grace is not None:
+        pod["spec"]["terminationGracePeriodSeconds"] = grace
     return pod_template.merge(pod, learner.template, "learner")
 
 

@@ -456,7 +456,8 @@ def _create_missing(pass_: _Pass, job: RLTrainingJob, desired: int) -> None:
                        lambda: builders.build_head_pod(job, pass_.options, epoch=epoch)))
     if pass_.learner_pod is None:
         wanted.append((learner_name(pass_.meta),
-                       lambda: builders.build_learner_pod(job, pass_.options, epoch=epoch)))
+                       lambda: builders.build_learner_pod(job, pass_.options, epoch=epoch,
+                                                          checkpoint_seconds=pass_.status.checkpoint_seconds)))
     for index in range(desired):
         if index not in pass_.worker_pods:
             wanted.append((names.worker_pod(pass_.meta.name, index),
@@ -653,6 +654,8 @@ def _take_report(status: RLTrainingJobStatus, report: job_status.LearnerReport |
         status.evaluation = report.evaluation
     if report.stopped_by is not None:
         status.stopped_by = report.stopped_by
+    if report.checkpoint_seconds is not None:  # the longest: a replay buffer's checkpoint grows as it fills
+        status.checkpoint_seconds = max(status.checkpoint_seconds or 0.0, report.checkpoint_seconds)
 
 
 #: Why TrackerReachable is False, and what to check.

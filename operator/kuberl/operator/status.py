@@ -91,6 +91,11 @@ PROGRESS_METRICS = (
 )
 CHECKPOINT_METRIC = "kuberl_checkpoint_timestamp_seconds"
 FIRST_STEP_METRIC = "kuberl_first_step_timestamp_seconds"
+#: What one checkpoint took: to disk, then to the object store (spec.checkpointing.s3).
+CHECKPOINT_SECONDS_METRICS = ("kuberl_checkpoint_seconds", "kuberl_checkpoint_upload_seconds")
+#: The longest checkpoint time taken from a learner: its figures are the tenant's, and the grace period
+#: sized from them is bounded anyway (builders.MAX_LEARNER_GRACE_SECONDS).
+MAX_CHECKPOINT_SECONDS = 3600.0
 
 
 #: The largest integer the status holds: the API server stores integers as int64 and refuses a larger one,
@@ -184,8 +189,10 @@ class LearnerReport:
     def __init__(self, progress: Progress, last_checkpoint_time: datetime | None, finished: bool,
                  last_checkpoint: str | None = None, evaluation: dict[str, Any] | None = None,
                  first_step_time: float | None = None, tracker_reachable: bool | None = None,
-                 stopped_by: StopReason | None = None):
+                 stopped_by: StopReason | None = None, checkpoint_seconds: float | None = None):
         self.progress = progress
+        #: What the newest checkpoint took, to disk and to the store; None before the first.
+        self.checkpoint_seconds = checkpoint_seconds
         #: Why training stopped, once the learner has finished.
         self.stopped_by = stopped_by
         #: Whether the experiment tracker answers the learner; None without one (or before it has tried).
@@ -259,7 +266,17 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     reachable = samples.get("kuberl_tracker_reachable")
     return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation,
                          first_step if first_step is not None and first_step > 0 else None,
-                         None if reachable is None else reachable >= 1.0, stopped_by if finished else None)
+                         None if reachable is None else reachable >= 1.0, stopped_by if finished else None,
+                         _checkpoint_seconds(samples))
+
+
+def _checkpoint_seconds(samples: dict[str, float]) -> float | None:
+    """What the newest checkpoint took, to disk and to the store, to 0.1; None before the first, and for
+    figures no checkpoint takes (negative, or past MAX_CHECKPOINT_SECONDS)."""
+    parts = [samples.get(name, 0.0) for name in CHECKPOINT_SECONDS_METRICS]
+    if any(not 0 <= part <= MAX_CHECKPOINT_SECONDS for part in parts) or sum(parts) <= 0:
+        return None
+    return round(min(sum(parts), MAX_CHECKPOINT_SECONDS), 1)
 
 
 def time_to_first_step(first_step_time: float | None, created: datetime | None, now: datetime) -> float | None:
