@@ -192,11 +192,11 @@ class NodeAgent:
     # ---- a pod by name, for the kubelet port's logs ------------------------------------------------
 
     def runner(self, namespace: str, name: str) -> PodRunner | None:
+        """The pod of that name; the live one where a pod deleted without grace still stops beside the new
+        one its controller made under the same name."""
         with self._lock:
-            for runner in self.pods.values():
-                if runner.ns == namespace and runner.name == name:
-                    return runner
-        return None
+            named = [r for r in self.pods.values() if r.ns == namespace and r.name == name]
+        return min(named, key=lambda r: r.gone or r.terminating.is_set(), default=None)
 
 
 class HostsFile:

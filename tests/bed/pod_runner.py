@@ -44,6 +44,7 @@ class PodRunner(ContainerRuns, ReadinessProbes, PodVolumes):
         self.reason: str | None = None
         self.start_time = utc_now()
         self.terminating = threading.Event()
+        self.gone = False  # the API server's pod of this name is another one now: no more writes
         self.grace = int(self.spec.get("terminationGracePeriodSeconds", 30))
         self.finished = threading.Event()
         self._status_lock = threading.Lock()
@@ -122,9 +123,24 @@ class PodRunner(ContainerRuns, ReadinessProbes, PodVolumes):
     # ---- status ------------------------------------------------------------------------------------
 
     def write_status(self) -> None:
+        """The pod's status, written only onto this pod: as a kubelet's status manager does, the patch
+        carries the pod's uid, so a pod deleted without grace and created again under its name (a
+        controller replacing it) never gets the old one's containers. That refusal ends this pod here."""
         with self._status_lock:
-            self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
-                                 {"status": pod_status(self)})
+            if self.gone:
+                return
+            try:
+                self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
+                                     {"metadata": {"uid": self.uid}, "status": pod_status(self)})
+            except urllib.error.HTTPError as exc:
+                if exc.code not in (409, 422) or not self._replaced():
+                    raise
+                self.gone = True  # its containers stop when the watch brings the pod's deletion
+
+    def _replaced(self) -> bool:
+        """Whether the API server's pod of this name is no longer this one (gone, or a new uid)."""
+        pod = self.agent.api.get(f"/api/v1/namespaces/{self.ns}/pods/{self.name}")
+        return pod is None or pod["metadata"]["uid"] != self.uid
 
     def end_deleted(self) -> None:
         """A deleted pod's terminal phase, which a kubelet writes (since Kubernetes 1.27) once its
@@ -134,13 +150,7 @@ class PodRunner(ContainerRuns, ReadinessProbes, PodVolumes):
             return
         codes = [(state.state.get("terminated") or {}).get("exitCode") for state in self.containers.values()]
         self.phase = "Succeeded" if codes and all(code == 0 for code in codes) else "Failed"
-        with self._status_lock:
-            try:  # the uid: never a new pod of the same name
-                self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
-                                     {"metadata": {"uid": self.uid}, "status": pod_status(self)})
-            except urllib.error.HTTPError as exc:
-                if exc.code != 409:
-                    raise
+        self.write_status()
 
     # ---- the end -----------------------------------------------------------------------------------
 

@@ -608,6 +608,25 @@ def test_node_drained_evicts_the_jobs_pods_one_at_a_time_and_the_job_completes(b
                            "whole kubectl drain, each eviction past the first waiting for the budget")
 
 
+def test_every_pod_of_the_job_deleted_without_grace_as_a_spot_node_is_lost(bed):
+    """A spot instance reclaimed, or a node lost: every pod of the job is gone at once with no grace period
+    (`kubectl delete --grace-period=0 --force`: no SIGTERM checkpoint, the disruption budget not asked). The
+    operator starts the job again from its newest periodic checkpoint: at most one interval lost."""
+    f = Fault(bed, "fault-spot", "spot-style loss: every pod of the job deleted at once, without grace",
+              **{"stopping.maxEnvSteps": 120_000})
+    f.wait_checkpoint(1)
+    f.wait_training()
+    f.mark()
+    bed.kubectl("delete", "pods", "-n", NS, "-l", "kuberl.dev/job-name=fault-spot", "--grace-period=0", "--force",
+                "--wait=false")
+    wait_until(lambda: has_event(bed, "fault-spot", "HeadRestarted"), 60, 0.2,
+               f"a HeadRestarted event: {events(bed, 'fault-spot')}")
+    status = f.finish(learner_restarts=True)
+    assert status["headRestarts"] == 1, status
+    assert resumed_from(f.learner_logs) >= 1
+    assert status["checkpointSeconds"] >= 0, status  # what sizes the next learner pod's grace period
+
+
 @pytest.fixture(scope="module")
 def store_on_bed(bed, tmp_path_factory):
     """A real S3-compatible store (SeaweedFS) on the bed network's gateway, which the bed's pods reach, and
