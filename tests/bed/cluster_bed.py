@@ -43,10 +43,11 @@ from .real_cluster import ApiError, Objects, Rest
 
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
+ROLLOUT_IMAGE = "ghcr.io/kuberl/kuberl-rollout:0.1.0"
 BED_LABEL = "kuberl.dev/test-bed"
 
 def ensure_images(force: bool = False) -> dict[str, float]:
-    """Build both images with scripts/build-images (a no-op when their inputs are unchanged).
+    """Build the images with scripts/build-images (a no-op when their inputs are unchanged).
 
     KUBERL_E2E_PREBUILT=1 uses the images as they are (when you built them yourself)."""
     started = time.monotonic()
@@ -393,4 +394,4 @@ def podman_ready() -> str | None:
     return None
 
 
-__all__ = ["OPERATOR_IMAGE", "TRAINER_IMAGE", "BedApi", "OneNodeCluster", "ensure_images", "podman_ready"]
+__all__ = ["OPERATOR_IMAGE", "ROLLOUT_IMAGE", "TRAINER_IMAGE", "BedApi", "OneNodeCluster", "ensure_images", "podman_ready"]

@@ -59,7 +59,7 @@ def test_bad_options_are_refused() -> None:
     assert build_images("--no-such-flag").returncode == 2
 
 
-def test_dry_run_builds_both_images_from_the_wheel_cache_without_network(host: dict) -> None:
+def test_dry_run_builds_every_image_from_the_wheel_cache_without_network(host: dict) -> None:
     result = dry_run(host, "--tag", "9.9.9")
     assert result.returncode == 0, result.stdout + result.stderr
     # PyTorch's CPU index refused: torch from pip's configured index, the rule setup-venv follows
@@ -71,7 +71,7 @@ def test_dry_run_builds_both_images_from_the_wheel_cache_without_network(host: d
         assert f"-d {wheels} " in line and f"-c {REPO / 'constraints.txt'}" in line and "--no-cache-dir" in line
     assert "hatchling" in downloads[-1] and ".\\[trainer\\,operator\\]" in downloads[-1]
     lines = builds(result.stdout)
-    assert set(lines) == {"operator", "trainer"}
+    assert set(lines) == {"operator", "trainer", "rollout"}
     for which, line in lines.items():
         assert line.startswith("+ podman --runtime runc build "), line
         assert f"-t ghcr.io/kuberl/kuberl-{which}:9.9.9 ." in line
@@ -92,8 +92,10 @@ def test_dry_run_defaults_to_the_chart_tags(host: dict) -> None:
     app_version = re.search(r'^appVersion: "?([^"\n]+)"?', chart, re.MULTILINE)[1]
     names = (REPO / "operator" / "kuberl" / "operator" / "names.py").read_text()
     default_trainer = re.search(r'DEFAULT_TRAINER_IMAGE = "([^"]+)"', names)[1]
+    default_rollout = re.search(r'DEFAULT_ROLLOUT_IMAGE = "([^"]+)"', names)[1]
     assert f"-t ghcr.io/kuberl/kuberl-operator:{app_version} " in lines["operator"]
     assert f"-t {default_trainer} " in lines["trainer"]
+    assert f"-t {default_rollout} " in lines["rollout"] and "-f Dockerfile.rollout " in lines["rollout"]
 
 
 def test_from_index_uses_the_dockerfiles_own_defaults(host: dict) -> None:

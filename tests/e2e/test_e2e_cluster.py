@@ -274,6 +274,17 @@ def test_a_job_with_four_rollout_workers(bed):
     job["metadata"]["name"] = "cartpole-four"
     watch = Watch(bed, "cartpole-four")
     apply(bed, job)
+    # The head and the workers run the rollout image, which has no torch; only the learner's has it.
+    from bed.cluster_bed import ROLLOUT_IMAGE, TRAINER_IMAGE
+
+    pods = wait_until(lambda: p if len(p := job_pods(bed, "cartpole-four")) == 6 else None, 60, 0.2,
+                      "the six pods of cartpole-four")
+    images = {(pod["metadata"]["labels"]["kuberl.dev/component"], pod["spec"]["containers"][0]["image"])
+              for pod in pods}
+    assert images == {("head", ROLLOUT_IMAGE), ("rollout-worker", ROLLOUT_IMAGE), ("learner", TRAINER_IMAGE)}
+    no_torch = bed.podman("run", "--rm", "--network", "none", "--entrypoint", "python3", ROLLOUT_IMAGE, "-c",
+                          "import torch", check=False)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr, no_torch
     wait_complete(bed, "cartpole-four", 600)
     rows = [r.split() for r in watch.stop("Succeeded")]
     assert any(r[1] == "Running" and r[2] == "4/4" for r in rows[1:]), rows

@@ -376,6 +376,7 @@ def test_operator_flags_carry_the_watch_scope_ports_and_job_defaults():
     assert default.metrics_port == 8080
     build = config_from_args(default).build
     assert build.trainer_image == names.DEFAULT_TRAINER_IMAGE, "chart and operator disagree on the trainer image"
+    assert build.rollout_image == names.DEFAULT_ROLLOUT_IMAGE, "chart and operator disagree on the rollout image"
     assert build.image_pull_policy == "IfNotPresent" and build.network_policies is True
 
     namespaced = parse_operator_args(
@@ -385,6 +386,7 @@ def test_operator_flags_carry_the_watch_scope_ports_and_job_defaults():
     all_on = parse_operator_args(operator_container(render(values=CHART / "ci" / "all-on-values.yaml"))["args"])
     config = config_from_args(all_on)
     assert config.build.trainer_image == "registry.example.com/ml/kuberl-trainer:0.1.0-cuda"
+    assert config.build.rollout_image == "registry.example.com/ml/kuberl-rollout:0.1.0"
     assert config.build.image_pull_policy == "Always"
     assert config.build.network_policies is False
     assert config.reconcile_interval == 5 and config.progress_interval == 15
@@ -396,6 +398,7 @@ def test_image_defaults_to_the_chart_app_version():
     container = operator_container(render())
     assert container["image"] == f"ghcr.io/kuberl/kuberl-operator:{chart['appVersion']}"
     assert names.DEFAULT_TRAINER_IMAGE.endswith(f":{chart['appVersion']}")
+    assert names.DEFAULT_ROLLOUT_IMAGE.endswith(f":{chart['appVersion']}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def start_operator(cluster) -> Callable[..., contextlib.AbstractContextManager[O
         config.setdefault("reconcile_interval", 0.5)
         config.setdefault("idle_interval", 0.5)
         config.setdefault("progress_interval", 0.2)
-        config.setdefault("build", BuildOptions(trainer_image="kuberl-trainer:test"))
+        config.setdefault("build", BuildOptions(trainer_image="kuberl-trainer:test", rollout_image="kuberl-rollout:test"))
         metrics = metrics or OperatorMetrics()
         runtime = Runtime(OperatorConfig(**config), api_client=cluster.operator_api_client(), metrics=metrics)
         with run_kopf_in_thread(build_registry(login=False), namespaces=[cluster.namespace],
@@ -203,7 +203,9 @@ def test_job_becomes_k_plus_2_pods_services_and_a_status_that_follows_the_kubele
             for pod in found.values():
                 (ref,) = pod["metadata"]["ownerReferences"]
                 assert (ref["kind"], ref["name"], ref["uid"]) == ("RLTrainingJob", JOB, job["metadata"]["uid"])
-                assert pod["spec"]["containers"][0]["image"] == "kuberl-trainer:test"
+                role = pod["metadata"]["labels"]["kuberl.dev/component"]
+                assert pod["spec"]["containers"][0]["image"] == ("kuberl-trainer:test" if role == "learner"
+                                                                 else "kuberl-rollout:test")
             head_svc = cluster.wait_for("services", HEAD)
             assert head_svc["spec"]["clusterIP"] == "None"
             assert head_svc["spec"]["selector"] == {"kuberl.dev/job-name": JOB, "kuberl.dev/component": "head"}

@@ -1,4 +1,5 @@
-"""Dockerfile.operator and Dockerfile.trainer: hadolint-clean, and built the way the cluster runs them.
+"""Dockerfile.operator, Dockerfile.trainer and Dockerfile.rollout: hadolint-clean, and built the way the cluster
+runs them.
 
 Images cannot be built here (no Docker engine), so these tests read the Dockerfiles: hadolint
 lints them for real; the rest checks what a build would get wrong at run time (a root user, a uid
@@ -19,7 +20,7 @@ import tomllib
 import yaml
 from tools import REPO, hadolint_binary
 
-DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer"]
+DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer", "Dockerfile.rollout"]
 #: What CI pins and the trainer image must install first (torch's CPU wheel).
 TORCH_PIN = "2.13.0"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -196,6 +197,7 @@ def test_image_users_match_the_pods_that_run_them():
     from kuberl.api.pod_template import POD_SECURITY_CONTEXT
 
     assert _uid("Dockerfile.trainer") == POD_SECURITY_CONTEXT["runAsUser"]
+    assert _uid("Dockerfile.rollout") == POD_SECURITY_CONTEXT["runAsUser"]
     chart_values = yaml.safe_load((REPO / "charts" / "kuberl-operator" / "values.yaml").read_text())
     assert _uid("Dockerfile.operator") == chart_values["podSecurityContext"]["runAsUser"]
 
@@ -211,6 +213,20 @@ def test_operator_image_installs_the_operator_extra_and_neither_torch_nor_ray():
     assert "torch" not in operator_deps and "ray" not in operator_deps
     entrypoint = next(i.args for i in final_stage(instructions) if i.keyword == "ENTRYPOINT")
     assert json.loads(entrypoint)[0] in pyproject["project"]["scripts"]
+
+
+def test_rollout_image_installs_the_rollout_extra_and_checks_its_imports_without_torch():
+    """The head's and the workers' image: the rollout extra (no torch), checked at build time by importing
+    the modules its pods run; the same base as the trainer image, so both hold the same Python and Ray."""
+    instructions = parse("Dockerfile.rollout")
+    installs = pip_installs(instructions)
+    assert [a for a in installs if "/opt/kuberl-src/[rollout]" in a], installs
+    assert "torch" not in " ".join(" ".join(a) for a in installs)
+    build_check = next(i.args for i in final_stage(instructions) if i.keyword == "RUN" and "pip install" in i.args)
+    assert "kuberl.trainer.rollout" in build_check and '! /opt/kuberl/bin/python -c "import torch"' in build_check
+    bases = [i.args for i in parse("Dockerfile.rollout") if i.keyword == "FROM"]
+    trainer_bases = [i.args.split()[0] for i in parse("Dockerfile.trainer") if i.keyword == "FROM"]
+    assert bases[-1] == trainer_bases[-1]
 
 
 _WITHOUT_TORCH_AND_RAY = """

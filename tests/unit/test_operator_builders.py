@@ -14,7 +14,7 @@ from kuberl.operator.builders import BuildOptions
 from kuberl.operator.names import Component
 from pod_security import assert_restricted, restricted_violations
 
-OPTIONS = BuildOptions(trainer_image="registry.local/kuberl-trainer:test")
+OPTIONS = BuildOptions(trainer_image="registry.local/kuberl-trainer:test", rollout_image="registry.local/kuberl-rollout:test")
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_adopt_sets_owner_reference_and_keeps_our_labels(job):
 def test_head_pod_runs_ray_head_without_cpus_and_names_its_ports(job):
     pod = builders.build_head_pod(job, OPTIONS, epoch=2)
     (container,) = pod["spec"]["containers"]
-    assert container["image"] == "registry.local/kuberl-trainer:test"
+    assert container["image"] == "registry.local/kuberl-rollout:test"  # Ray only: the image without torch
     assert container["command"][:4] == ["python3", "-m", "kuberl.trainer.ray_node", "--head"]
     assert "--port=6379" in container["command"] and "--block" in container["command"]
     assert "--num-cpus=0" in container["command"]  # no rollout work on the head
@@ -376,5 +376,17 @@ def test_every_container_knows_its_image_to_name_it_when_the_env_module_is_missi
     if spec_image:
         job_dict["spec"]["image"] = spec_image
     for pod in job_pods(parse_job(job_dict), OPTIONS):
+        role = pod["metadata"]["labels"]["kuberl.dev/component"]
+        default = OPTIONS.rollout_image if role in ("head", "rollout-worker") else OPTIONS.trainer_image
         for container in pod["spec"]["containers"]:
-            assert env_of(container)["KUBERL_IMAGE"] == container["image"] == (spec_image or OPTIONS.trainer_image)
+            assert env_of(container)["KUBERL_IMAGE"] == container["image"] == (spec_image or default)
+
+
+def test_the_head_and_workers_run_the_rollout_image_and_every_learner_pod_the_trainer_image(job_dict):
+    """torch is in the learner's pods only: rank 0 and the data-parallel ranks (they run the learner actor)."""
+    job_dict["spec"]["learner"] = {"replicas": 2}
+    job = parse_job(job_dict)
+    pods = [*job_pods(job, OPTIONS), builders.build_learner_replica_pod(job, OPTIONS, 1)]
+    images = {pod["metadata"]["labels"]["kuberl.dev/component"]: pod["spec"]["containers"][0]["image"] for pod in pods}
+    assert images == {"head": OPTIONS.rollout_image, "rollout-worker": OPTIONS.rollout_image,
+                      "learner": OPTIONS.trainer_image, "learner-replica": OPTIONS.trainer_image}, images

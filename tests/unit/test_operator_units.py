@@ -196,11 +196,12 @@ def test_a_page_without_kuberl_metrics_is_refused():
 
 def test_run_flags_become_the_config():
     parser = operator_main._parser()
-    args = parser.parse_args(["run", "--trainer-image", "img:1", "--no-network-policies",
+    args = parser.parse_args(["run", "--trainer-image", "img:1", "--rollout-image", "img:2", "--no-network-policies",
                               "--reconcile-interval", "2", "--progress-interval", "3",
                               "--learner-metrics-url", "http://{metrics_service}.{namespace}.svc:{port}/metrics"])
     config = operator_main.config_from_args(args)
     assert config.build.trainer_image == "img:1" and config.build.network_policies is False
+    assert config.build.rollout_image == "img:2"
     assert (config.reconcile_interval, config.progress_interval) == (2.0, 3.0)
     defaults = parser.parse_args(["run"])
     assert defaults.peering is None and defaults.metrics_port == 8080

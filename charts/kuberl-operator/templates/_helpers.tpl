@@ -54,6 +54,12 @@ app.kubernetes.io/part-of: kuberl
 {{- end }}
 {{- end }}
 
+{{- define "kuberl-operator.rolloutImage" -}}
+{{- with .Values.jobDefaults.rolloutImage }}
+{{- printf "%s:%s" .repository (default $.Chart.AppVersion .tag) }}
+{{- end }}
+{{- end }}
+
 {{/* "true" when the operator watches every namespace (no operator.watchNamespace). */}}
 {{- define "kuberl-operator.clusterWide" -}}
 {{- if not .Values.operator.watchNamespace }}true{{ end }}

@@ -84,6 +84,7 @@ class BuildOptions:
     """Operator-wide settings the builders need (from the command line)."""
 
     trainer_image: str = names.DEFAULT_TRAINER_IMAGE
+    rollout_image: str = names.DEFAULT_ROLLOUT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     network_policies: bool = True
 
@@ -125,8 +126,18 @@ def container_resources(resources: Resources) -> dict[str, Any]:
     return out
 
 
-def image(job: RLTrainingJob, options: BuildOptions) -> str:
-    return job.spec.image or options.trainer_image
+#: The roles whose pods never import torch (numpy inference, Ray's own processes): they run the rollout
+#: image, a fifth of the trainer's size, so a node pulls the gigabytes of torch only for a learner.
+ROLLOUT_IMAGE_ROLES = ("head", "rolloutWorkers")
+
+
+def image(job: RLTrainingJob, options: BuildOptions, role: str = "learner") -> str:
+    """The image of a role's pods: the job's own (spec.image, every role: its environment must be on the
+    workers and the learner alike), else the rollout image for the head and the workers and the trainer
+    image for the learner's pods."""
+    if job.spec.image:
+        return job.spec.image
+    return options.rollout_image if role in ROLLOUT_IMAGE_ROLES else options.trainer_image
 
 
 def metrics_port(job: RLTrainingJob) -> int:
@@ -159,8 +170,8 @@ def _metadata(job: RLTrainingJob, name: str, component: Component, *, epoch: int
 
 
 def _container(name: str, job: RLTrainingJob, options: BuildOptions, command: list[str],
-               resources: Resources, env: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    ref = image(job, options)
+               resources: Resources, env: list[dict[str, Any]], *, role: str, **extra: Any) -> dict[str, Any]:
+    ref = image(job, options, role)
     container: dict[str, Any] = {
         "name": name,
         "image": ref,
@@ -232,7 +243,7 @@ def build_head_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int = 0)
     shm, shm_mount = _shm_volume()
     container = _container(
         pod_template.MAIN_CONTAINERS["head"], job, options, command, head.resources,
-        [*_ray_env(job), *threads_env(head.resources)],
+        [*_ray_env(job), *threads_env(head.resources)], role="head",
         ports=[
             {"name": "gcs", "containerPort": names.GCS_PORT, "protocol": "TCP"},
             {"name": "raylet", "containerPort": names.HEAD_RAYLET_PORT, "protocol": "TCP"},
@@ -298,7 +309,7 @@ def _ray_node_pod(job: RLTrainingJob, options: BuildOptions, meta: dict[str, Any
     shm, shm_mount = _shm_volume()
     container = _container(pod_template.MAIN_CONTAINERS[role], job, options, command, part.resources,
                            [_ray_address_env(job), *_ray_env(job), *threads_env(part.resources, threads)],
-                           volumeMounts=[shm_mount])
+                           role=role, volumeMounts=[shm_mount])
     pod = _pod(meta, containers=[container], volumes=[shm], node_selector=part.node_selector)
     return pod_template.merge(pod, part.template, role)
 
@@ -389,7 +400,7 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
         volumes.append(preferences[0])
         extra["volumeMounts"].append(preferences[1])
     container = _container(pod_template.MAIN_CONTAINERS["learner"], job, options, ["sh", "-c", _learner_script(job)],
-                           learner.resources, env,
+                           learner.resources, env, role="learner",
                            **extra)
     annotations = {**(annotations or {}), names.LEARNER_REPLICAS_ANNOTATION: str(job.spec.learner.replicas)}
     meta = _metadata(job, names.learner_pod(job.metadata.name), Component.LEARNER, epoch=epoch,
@@ -496,7 +507,7 @@ def build_serving_deployment(job: RLTrainingJob, options: BuildOptions) -> dict[
                f"--metrics-port={serving.metrics_port}", f"--model-name={job_name}",
                f"--max-batch={serving.max_batch}"]
     container = _container(
-        pod_template.MAIN_CONTAINERS["serving"], job, options, command, serving.resources, [],
+        pod_template.MAIN_CONTAINERS["serving"], job, options, command, serving.resources, [], role="serving",
         ports=[{"name": "http", "containerPort": serving.port, "protocol": "TCP"},
                {"name": "metrics", "containerPort": serving.metrics_port, "protocol": "TCP"}],
         volumeMounts=[{"name": "checkpoints", "mountPath": names.CHECKPOINT_MOUNT, "readOnly": True}],

@@ -1,6 +1,6 @@
 """`kuberl-operator`: run the operator (kopf under the hood), or print the RBAC it needs.
 
-    kuberl-operator [run] [--namespace NS ... | --all-namespaces] [--trainer-image IMAGE]
+    kuberl-operator [run] [--namespace NS ... | --all-namespaces] [--trainer-image IMAGE] [--rollout-image IMAGE]
                           [--metrics-port 8080] [--liveness-endpoint http://0.0.0.0:8081/healthz]
                           [--peering [NAME]] ...
     kuberl-operator rbac [--namespace NS] [--service-account NAME] [--service-account-namespace NS]
@@ -40,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch every namespace (the default when no --namespace is given)")
     run.add_argument("--trainer-image", default=names.DEFAULT_TRAINER_IMAGE,
-                     help="image of the head, worker and learner pods when a job sets no spec.image")
+                     help="image of the learner pods (torch) when a job sets no spec.image")
+    run.add_argument("--rollout-image", default=names.DEFAULT_ROLLOUT_IMAGE,
+                     help="image of the Ray head and rollout-worker pods (no torch) when a job sets no spec.image")
     run.add_argument("--image-pull-policy", default="IfNotPresent", choices=["Always", "IfNotPresent", "Never"])
     run.add_argument("--metrics-port", type=int, default=8080,
                      help="port of the operator's own /metrics (kuberl_operator_*); 0 turns it off")
@@ -105,7 +107,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         raise SystemExit(f"kuberl-operator: --tenancy: {err}") from None
     return OperatorConfig(
         tenancy=tenancy,
-        build=BuildOptions(trainer_image=args.trainer_image, image_pull_policy=args.image_pull_policy,
+        build=BuildOptions(trainer_image=args.trainer_image, rollout_image=args.rollout_image,
+                           image_pull_policy=args.image_pull_policy,
                            network_policies=args.network_policies),
         reconcile_interval=args.reconcile_interval,
         progress_interval=args.progress_interval,

@@ -10,6 +10,8 @@ import enum
 
 OPERATOR_NAME = "kuberl-operator"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
+#: The Ray head's and the rollout workers' image: Ray and the environments, no torch (Dockerfile.rollout).
+DEFAULT_ROLLOUT_IMAGE = "ghcr.io/kuberl/kuberl-rollout:0.1.0"
 
 # Label keys. The app.kubernetes.io/* ones are the recommended labels; kuberl.dev/* select children.
 JOB_NAME_LABEL = "kuberl.dev/job-name"

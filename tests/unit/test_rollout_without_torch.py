@@ -1,0 +1,96 @@
+"""The Ray head and the rollout workers run the rollout image, which has no torch (nor SciPy, Optuna or
+tensorboardX): what a rollout worker does for each example job (build its envs, load the learner's weights,
+act with the algorithm's numpy policy, collect a batch, play greedy evaluation episodes, and Tic-Tac-Toe's
+games against an opponent) runs here with those packages unimportable, in a process of its own.
+
+The learner's side (the algorithm, its policy config and weights) is built in this process, with torch, and
+handed over pickled, as Ray hands it to a worker. Dockerfile.rollout checks the imports when it builds; the
+end-to-end tests run every cluster job's workers on that image.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from kuberl.api.load import load_job_file
+from kuberl.trainer.algorithms import algorithm_for
+from kuberl.trainer.rollout import make_env
+from kuberl.trainer.spaces import space_info
+from tools import REPO
+
+NOT_IN_THE_ROLLOUT_IMAGE = ("torch", "scipy", "optuna", "tensorboardX")
+
+_WORKER = """
+import importlib.abc, pickle, sys
+
+class NotInTheRolloutImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is not installed in the rollout image")
+
+sys.meta_path.insert(0, NotInTheRolloutImage())
+from kuberl.trainer.rollout import RolloutWorker
+
+with open(sys.argv[1], "rb") as handle:
+    cases = pickle.load(handle)
+for case in cases:
+    worker = RolloutWorker(**case["args"])
+    assert worker.env_problem is None, worker.env_problem
+    weights = case["weights"]
+    if case["on_policy"]:
+        batch = worker.sample_onpolicy(weights, 1, 32, 0.99)
+    else:
+        batch = worker.sample_offpolicy(weights, 1, 32, 0.5, 0.99, case["n_step"])
+    steps = len(batch["rewards"]) if hasattr(batch["rewards"], "__len__") else 0
+    episodes = worker.evaluate(None, 1, [1, 2])
+    if case["games"]:
+        from kuberl.trainer.evaluation.opponent import _worker_games
+        games = _worker_games(worker, weights, 1, "random", True, 4, 0)
+        assert games, games
+    worker.close()
+    print(case["name"], steps, len(episodes.get("returns", episodes)))
+assert not [m for m in sys.modules if m.split(".")[0] in {blocked!r}]
+print("ok")
+"""
+
+
+def _case(example: str) -> dict:
+    job = load_job_file(REPO / "examples" / example)
+    spec = job.spec
+    env = make_env(spec.environment.id, spec.environment.kwargs, spec.environment.max_episode_steps)
+    info = space_info(env.observation_space, env.action_space)
+    env.close()
+    algo = algorithm_for(spec, info, torch.device("cpu"), seed=0, total_env_steps=10_000)
+    return {"name": example, "on_policy": algo.on_policy, "n_step": getattr(algo, "n_step", 1),
+            "games": example.startswith("tictactoe"), "weights": algo.weights(),
+            "args": {"env_id": spec.environment.id, "env_kwargs": spec.environment.kwargs, "num_envs": 2, "seed": 3,
+                     "policy": algo.policy_config(), "max_episode_steps": spec.environment.max_episode_steps,
+                     "record_steps": algo.records_steps}}
+
+
+EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_a_rollout_worker_runs_each_example_without_torch(example, tmp_path):
+    cases = tmp_path / "cases.pkl"
+    cases.write_bytes(pickle.dumps([_case(example)]))
+    result = subprocess.run([sys.executable, "-c", _WORKER.format(blocked=NOT_IN_THE_ROLLOUT_IMAGE), str(cases)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-4000:]
+    name, steps, _ = result.stdout.splitlines()[0].split()
+    assert name == example and int(steps) > 0, result.stdout
+
+
+def test_the_rollout_extra_needs_no_torch():
+    import tomllib
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    rollout = " ".join([*pyproject["project"]["dependencies"], *extras["rollout"]])
+    assert not any(package in rollout for package in ("torch", "kuberl[", "tensorboard")), rollout
+    assert "kuberl[sweep,rollout]" in extras["trainer"], "the learner's image holds what the workers' does"
