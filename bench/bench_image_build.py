@@ -1,14 +1,14 @@
-"""Build both images from scratch (base image included) and record times and sizes.
+"""Build the images from scratch (base image included) and record times and sizes.
 
     .venv/bin/python bench/bench_image_build.py            # ./scripts/build-images --base-from-debian --force --no-cache
     .venv/bin/python bench/bench_image_build.py --log F    # reads the output of such a run instead
 
-Writes bench/results/image_build.json: seconds for the base image (debootstrap + import), the operator
-and the trainer image (each a cold build, no layer cache, on the fresh base), their sizes as the engine
+Writes bench/results/image_build.json: seconds for the base image (debootstrap + import), the operator,
+trainer and rollout images (each a cold build, no layer cache, on the fresh base), their sizes as the engine
 reports them, the engine's version, the load average, and smoke runs of each image as uid 1000,
 read-only, all capabilities dropped, no-new-privileges (operator: `kuberl-operator --help`; trainer:
-`kuberl --help`, `ray --version`, torch's version, which must be the +cpu build). The base is
-Debian's (Python 3.11.2, not 3.11.13), see scripts/make-base-image.
+`kuberl --help`, `ray --version`, torch's version; rollout: Ray's node starter, `ray --version`, and
+no torch). The base is Debian's (Python 3.11.2, not 3.11.13), see scripts/make-base-image.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from common import REPO, RESULTS, Bench
 
 IMAGES = {"operator": "ghcr.io/kuberl/kuberl-operator:0.1.0", "trainer": "ghcr.io/kuberl/kuberl-trainer:0.1.0",
-          "base": "docker.io/library/python:3.11.13-slim-bookworm"}
+          "rollout": "ghcr.io/kuberl/kuberl-rollout:0.1.0", "base": "docker.io/library/python:3.11.13-slim-bookworm"}
 
 
 CONF = os.environ.get("CONTAINERS_CONF") or str(REPO / ".cache" / "build-images" / "containers.conf")
@@ -42,6 +42,8 @@ SMOKE = {
     "operator": [["--help"]],  # the entrypoint is kuberl-operator
     "trainer": [["kuberl", "--help"], ["ray", "--version"],
                 ["python", "-c", "import torch, ray, kuberl.trainer; print(torch.__version__, ray.__version__)"]],
+    "rollout": [["python", "-m", "kuberl.trainer.ray_node", "--help"], ["ray", "--version"],
+                ["python", "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is not None)"]],
     "base": [["python", "--version"], ["sh", "-c", "command -v groupadd && command -v useradd"]],
 }
 

@@ -600,7 +600,9 @@ def test_node_drained_evicts_the_jobs_pods_one_at_a_time_and_the_job_completes(b
     said = done.stdout + done.stderr
     assert said.count("evicted") >= 1, said[-3000:]
     assert "violate the pod's disruption budget" in said, said[-3000:]
-    status = f.finish(learner_restarts=True)
+    # Every pod evicted gets its grace period: the learner's SIGTERM checkpoint loses nothing, whichever pod
+    # goes first (the head first leaves the learner without its GCS when its own SIGTERM comes).
+    status = f.finish(learner_restarts=True, lost_bound=0)
     assert status["phase"] == "Succeeded", status
     RESULTS[-1]["drain_seconds"] = drained["seconds"]
     RESULTS[-1]["evictions_refused_by_the_budget"] = said.count("violate the pod's disruption budget")

@@ -158,7 +158,9 @@ def _run_sync(loop: Loop) -> str:
         reason = stop_reason(loop)
         if reason:
             return reason
-        loop.workers.reconcile()
+        loop.workers.reconcile(stop=lambda: loop.stop_signal["set"])
+        if loop.stop_signal["set"]:
+            continue
         loop.publish_weights()
         method, args = _sample_call(loop)
         t_wait = time.perf_counter()
@@ -186,7 +188,9 @@ def _run_async(loop: Loop) -> str:
         reason = stop_reason(loop)
         if reason:
             break
-        loop.workers.reconcile(wait_for_one=not inflight.calls)
+        loop.workers.reconcile(wait_for_one=not inflight.calls, stop=lambda: loop.stop_signal["set"])
+        if loop.stop_signal["set"]:
+            continue
         loop.publish_weights()
         if not inflight.calls or not loop.algo.updates_held_back:
             inflight.fill()

@@ -7,6 +7,7 @@ workers and scaling the pods scales the actors.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -209,6 +210,44 @@ class WorkerHandle:
     ready: bool = False
 
 
+#: How long the learner waits on Ray's GCS for the cluster's rollout slots. With the head gone (a drain
+#: evicting it, its node lost) Ray's call blocks for tens of seconds and then aborts the process: a learner
+#: stuck in it when its own SIGTERM comes never writes the checkpoint that SIGTERM asks for. Past this, the
+#: count last read stands, and the loop goes on to see the SIGTERM.
+GCS_READ_SECONDS = 2.0
+
+
+class OfferedSlots:
+    """The cluster's rollout slots, read from the GCS on a thread of its own, at most GCS_READ_SECONDS at a
+    time; one read in flight at most (a read still blocked is waited on again, never doubled)."""
+
+    def __init__(self, read: Callable[[], dict[str, float]] = ray.cluster_resources,
+                 timeout: float = GCS_READ_SECONDS):
+        self._read, self.timeout = read, timeout
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kuberl-gcs-read")
+        self._pending: concurrent.futures.Future | None = None
+        self.last = 0
+        self.unanswered = 0  # reads that ran past the timeout, for the log
+
+    def __call__(self) -> int:
+        if self._pending is None:
+            self._pending = self._pool.submit(self._read)
+        try:
+            resources = self._pending.result(timeout=self.timeout)
+        except TimeoutError:
+            self.unanswered += 1
+            if self.unanswered == 1:
+                log.warning("Ray's GCS did not answer within %.0f s (the head gone?): going on with %d rollout "
+                            "slots", self.timeout, self.last)
+            return self.last
+        finally:
+            if self._pending.done():
+                self._pending = None
+        self.unanswered = 0
+        self.last = workers_offered(resources)
+        return self.last
+
+
 class WorkerSet:
     """Keeps one rollout actor per rollout slot alive; counts replacements."""
 
@@ -223,10 +262,11 @@ class WorkerSet:
         self.restarts = 0
         self._next_generation = 0
         self._actor_cls = ray.remote(num_cpus=1, resources=rollout_slots(1), max_restarts=0)(RolloutWorker)
+        self._offered = OfferedSlots() if cluster else None
 
     def desired(self) -> int:
-        if self.cluster:
-            return workers_offered(ray.cluster_resources())
+        if self._offered is not None:
+            return self._offered()
         return int(self.fixed_desired or 1)
 
     def _spawn(self, index: int) -> None:
@@ -237,13 +277,18 @@ class WorkerSet:
         actor = self._actor_cls.options(name=None).remote(**args)
         self.workers[index] = WorkerHandle(index, actor, ready_ref=actor.ping.remote())
 
-    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0, wait_for_all: float = 0.0) -> None:
+    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0, wait_for_all: float = 0.0,
+                  stop: Callable[[], bool] | None = None) -> None:
         """Create missing actors, drop surplus ones, and mark started ones ready. Waits up to
         `wait_for_all` seconds for every desired actor (at start), and otherwise for at least one.
-        The desired count is re-read while waiting: on a cluster, worker pods may join late."""
+        The desired count is re-read while waiting: on a cluster, worker pods may join late. With
+        `stop`, stops waiting once it returns True: a SIGTERM's checkpoint must not wait for workers
+        (a drain may have taken them all) past the pod's grace period."""
         deadline = time.monotonic() + timeout
         all_deadline = time.monotonic() + wait_for_all
         while True:
+            if stop is not None and stop():
+                return
             want = self.desired()
             for index in range(want):
                 if index not in self.workers:
