@@ -14,6 +14,7 @@ real network waits longer for the larger image still; the compressed bytes say h
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -93,6 +94,7 @@ def pull(pushed: dict[str, dict], workdir: Path, repeats: int) -> dict[str, list
     for attempt in range(repeats):
         for role in (list(IMAGES) if attempt % 2 == 0 else list(reversed(IMAGES))):
             node = workdir / f"node-{role}-{attempt}"
+            os.sync()  # the previous pull's gigabytes written out first, not while this one is timed
             started = time.monotonic()
             podman("pull", "--tls-verify=false", pushed[role]["reference"], root=node)
             pulls[role].append(round(time.monotonic() - started, 1))
@@ -125,7 +127,9 @@ def main() -> None:
                                                      / pushed["rollout"]["compressed_mb"], 2),
             "trainer_over_rollout_pull": round(medians["trainer"] / medians["rollout"], 2)},
         "notes": [
-            "each pull into an empty --root and --runroot: a node that never ran the image; one pull at a time",
+            "each pull into an empty --root and --runroot: a node that never ran the image; one pull at a time, "
+            "after a sync (an earlier run without it had the pulls after the trainer's 2-3x slower: its "
+            "gigabytes still being written out)",
             "loopback: no bandwidth limit, so the pull is decompression and writes; over a real network the "
             "compressed bytes decide more of it",
         ],
