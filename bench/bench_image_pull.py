@@ -51,16 +51,8 @@ def start_registry(workdir: Path) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
                                stderr=open(workdir / "registry.log", "w"))  # noqa: SIM115 (closed with the process)
     address = f"127.0.0.1:{port}"
-    bed_common.wait_until(lambda: _answers(f"http://{address}/v2/"), 30, 0.1, "the registry to answer")
+    bed_common.wait_until(lambda: bed_common.http_ok(f"http://{address}/v2/"), 30, 0.1, "the registry to answer")
     return process, address
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def compressed_bytes(address: str, repository: str, tag: str) -> int:

@@ -151,7 +151,8 @@ def run(args: Any, work: Path) -> dict[str, Any]:
              "--metrics-address", "127.0.0.1", "--liveness-endpoint", f"http://127.0.0.1:{liveness}/healthz",
              "--log-format", "plain", "--api-threads", str(args.api_threads)],
             env=env, stdout=open(work / "operator.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
-        wait(lambda: _http_ok(f"http://127.0.0.1:{liveness}/healthz"), 60, "the operator's liveness endpoint")
+        http_ok = from_tests("bed.common").http_ok
+        wait(lambda: http_ok(f"http://127.0.0.1:{liveness}/healthz"), 60, "the operator's liveness endpoint")
         idle = rss_mb(operator.pid)
 
         pods = FirstSeen(admin, "pods", lambda pod: True)
@@ -213,16 +214,6 @@ def wait(check: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {what} in {timeout} s")
         time.sleep(0.1)
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ import sysconfig
 import tarfile
 import tempfile
 import time
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 import yaml
-from bed.common import free_port
+from bed.common import free_port, http_ok
 
 REPO = Path(__file__).resolve().parents[1]
 #: The scripts' cache ($KUBERL_CACHE, else ~/.cache/kuberl): outside the clone, so a fresh clone (CI's) reuses
@@ -175,14 +174,6 @@ MLFLOW = "mlflow==3.17.2"
 MLFLOW_CONSTRAINTS = REPO / "tests" / "data" / "mlflow-constraints.txt"
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
-
-
 class MLflowServer:
     """A real tracking server (tests, bench/bench_tracking.py): `mlflow server` on loopback with a SQLite
     store and its artifact proxy; `query` runs MLflow's own client in the server's virtualenv."""
@@ -206,7 +197,7 @@ class MLflowServer:
             self.uri = f"http://{self.host}:{port}"
             deadline = time.monotonic() + 300
             while self.proc.poll() is None and time.monotonic() < deadline:
-                if _answers(f"{self.uri}/health"):
+                if http_ok(f"{self.uri}/health"):
                     return
                 time.sleep(0.5)
             self.stop()

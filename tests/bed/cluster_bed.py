@@ -394,4 +394,5 @@ def podman_ready() -> str | None:
     return None
 
 
-__all__ = ["OPERATOR_IMAGE", "ROLLOUT_IMAGE", "TRAINER_IMAGE", "BedApi", "OneNodeCluster", "ensure_images", "podman_ready"]
+__all__ = ["OPERATOR_IMAGE", "ROLLOUT_IMAGE", "TRAINER_IMAGE", "BedApi", "OneNodeCluster", "ensure_images",
+           "podman_ready"]

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -56,6 +57,15 @@ def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.1
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached in {timeout}s")
         time.sleep(interval)
+
+
+def http_ok(url: str, timeout: float = 2) -> bool:
+    """Whether `url` answers 200 now (a server's readiness probe, as the bed and the benchmarks poll it)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -138,5 +148,5 @@ def pinned(script: str, name: str) -> str:
 
 
 __all__ = ["CHART", "NODE", "NODE_CAPACITY", "OPERATOR_CRDS", "OPERATOR_NAMESPACE", "RELEASE", "REPO", "Body",
-           "die_with_parent", "free_port", "node_manifest", "pinned", "ready_node_status", "self_signed_certificate",
-           "start_process", "stop_process", "utc_now", "wait_until"]
+           "die_with_parent", "free_port", "http_ok", "node_manifest", "pinned", "ready_node_status",
+           "self_signed_certificate", "start_process", "stop_process", "utc_now", "wait_until"]

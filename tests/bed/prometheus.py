@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .common import free_port, start_process, stop_process, wait_until
+from .common import free_port, http_ok, start_process, stop_process, wait_until
 
 if TYPE_CHECKING:
     from .cluster_bed import BedApi
@@ -66,7 +66,7 @@ class BedPrometheus:
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], self.workdir / "prometheus.log")
         self._stack.callback(stop_process, proc)
         self.prometheus_url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _http_ok(f"{self.prometheus_url}/-/ready"), 30, 0.2, "Prometheus ready")
+        wait_until(lambda: http_ok(f"{self.prometheus_url}/-/ready"), 30, 0.2, "Prometheus ready")
 
     def _serve_pod_targets(self) -> int:
         bed = self
@@ -142,14 +142,6 @@ def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for address, extra in targets:
             groups.append({"targets": [address], "labels": {**labels, **extra}})
     return groups
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 __all__ = ["BedPrometheus", "pod_targets"]

@@ -619,7 +619,7 @@ def test_kuberl_operator_command_serves_liveness_and_metrics_and_runs_jobs(clust
     process = subprocess.Popen(
         [*command, "--namespace", cluster.namespace, "--metrics-port", str(metrics_port), "--metrics-address", "127.0.0.1",
          "--liveness-endpoint", f"http://127.0.0.1:{liveness_port}/healthz", "--reconcile-interval", "0.5",
-         "--trainer-image", "cli-image:1", "--log-format", "plain"],
+         "--trainer-image", "cli-image:1", "--rollout-image", "cli-rollout:1", "--log-format", "plain"],
         env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_until(lambda: process.poll() is not None or _http_get(f"http://127.0.0.1:{liveness_port}/healthz"),
@@ -627,7 +627,8 @@ def test_kuberl_operator_command_serves_liveness_and_metrics_and_runs_jobs(clust
         assert process.poll() is None, process.stdout.read()
         cluster.create(job_manifest(job_dict, replicas=1), namespace=cluster.namespace)
         found = wait_pods(cluster, {HEAD, LEARNER, worker(0)}, timeout=20)
-        assert found[HEAD]["spec"]["containers"][0]["image"] == "cli-image:1"
+        assert found[HEAD]["spec"]["containers"][0]["image"] == "cli-rollout:1"
+        assert found[LEARNER]["spec"]["containers"][0]["image"] == "cli-image:1"
         wait_phase(cluster, "Starting")
         text = wait_until(lambda: (t := _http_get(f"http://127.0.0.1:{metrics_port}/metrics"))
                           and 'kuberl_operator_jobs{phase="Starting"} 1.0' in t and t, what="operator metrics")

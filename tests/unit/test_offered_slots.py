@@ -32,6 +32,8 @@ def test_a_blocked_read_leaves_the_last_count_and_is_waited_on_rather_than_doubl
     offered.timeout = 0.01
     assert offered() == 2 and offered() == 2, "the count last read stands"
     assert gcs.reads == 2, "the blocked read is waited on again, not joined by another"
+    blocked = [t for t in threading.enumerate() if t.name == "kuberl-gcs-read"]
+    assert blocked and all(t.daemon for t in blocked), "a read that never returns must not hold up the exit"
     gcs.answering.set()  # a new head: the blocked read answers
     offered.timeout = 30.0
     assert offered() == 3

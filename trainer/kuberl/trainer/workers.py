@@ -7,12 +7,12 @@ workers and scaling the pods scales the actors.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -217,6 +217,25 @@ class WorkerHandle:
 GCS_READ_SECONDS = 2.0
 
 
+class _Read:
+    """One call of `read` on a daemon thread: a call that never returns holds up neither the learner's loop
+    nor its exit."""
+
+    def __init__(self, read: Callable[[], dict[str, float]]):
+        self.done = threading.Event()
+        self.value: dict[str, float] = {}
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(read,), name="kuberl-gcs-read", daemon=True).start()
+
+    def _run(self, read: Callable[[], dict[str, float]]) -> None:
+        try:
+            self.value = read()
+        except BaseException as err:  # noqa: BLE001 - handed to the caller, raised there
+            self.error = err
+        finally:
+            self.done.set()
+
+
 class OfferedSlots:
     """The cluster's rollout slots, read from the GCS on a thread of its own, at most GCS_READ_SECONDS at a
     time; one read in flight at most (a read still blocked is waited on again, never doubled)."""
@@ -224,27 +243,24 @@ class OfferedSlots:
     def __init__(self, read: Callable[[], dict[str, float]] = ray.cluster_resources,
                  timeout: float = GCS_READ_SECONDS):
         self._read, self.timeout = read, timeout
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kuberl-gcs-read")
-        self._pending: concurrent.futures.Future | None = None
+        self._pending: _Read | None = None
         self.last = 0
         self.unanswered = 0  # reads that ran past the timeout, for the log
 
     def __call__(self) -> int:
         if self._pending is None:
-            self._pending = self._pool.submit(self._read)
-        try:
-            resources = self._pending.result(timeout=self.timeout)
-        except TimeoutError:
+            self._pending = _Read(self._read)
+        if not self._pending.done.wait(self.timeout):
             self.unanswered += 1
             if self.unanswered == 1:
                 log.warning("Ray's GCS did not answer within %.0f s (the head gone?): going on with %d rollout "
                             "slots", self.timeout, self.last)
             return self.last
-        finally:
-            if self._pending.done():
-                self._pending = None
+        read, self._pending = self._pending, None
+        if read.error is not None:
+            raise read.error
         self.unanswered = 0
-        self.last = workers_offered(resources)
+        self.last = workers_offered(read.value)
         return self.last
 
 
