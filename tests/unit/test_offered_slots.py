@@ -59,6 +59,6 @@ def test_a_stop_ends_the_wait_for_workers_before_anything_is_asked_of_ray():
     """A SIGTERM while the learner waits for a rollout worker (a drain took them all, or the head is gone):
     the wait ends at once, so the loop reaches the checkpoint the SIGTERM asks for. Ray is not even started
     here: a read of the cluster would fail."""
-    workers = WorkerSet({}, None, cluster=True, seed=0)
-    workers.reconcile(timeout=3600, stop=lambda: True)
+    workers = WorkerSet({}, None, cluster=True, seed=0, stop=lambda: True)
+    workers.reconcile(timeout=3600)
     assert not workers.workers

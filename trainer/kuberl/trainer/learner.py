@@ -158,7 +158,7 @@ def _run_sync(loop: Loop) -> str:
         reason = stop_reason(loop)
         if reason:
             return reason
-        loop.workers.reconcile(stop=lambda: loop.stop_signal["set"])
+        loop.workers.reconcile()
         if loop.stop_signal["set"]:
             continue
         loop.publish_weights()
@@ -188,7 +188,7 @@ def _run_async(loop: Loop) -> str:
         reason = stop_reason(loop)
         if reason:
             break
-        loop.workers.reconcile(wait_for_one=not inflight.calls, stop=lambda: loop.stop_signal["set"])
+        loop.workers.reconcile(wait_for_one=not inflight.calls)
         if loop.stop_signal["set"]:
             continue
         loop.publish_weights()

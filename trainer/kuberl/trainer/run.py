@@ -249,11 +249,12 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
     }
     algo.attach_run_dir(run.run_dir)
     run.workers = WorkerSet(worker_args, None if run.cluster else run.replicas, run.cluster,
-                            spec.seed + 17 * counters.iterations, expected=run.replicas)
+                            spec.seed + 17 * counters.iterations, expected=run.replicas,
+                            stop=lambda: run.stop_signal["set"])
     # The loop's clock starts here: a run's wall clock includes starting its rollout workers.
     loop = Loop(run.job, algo, run.workers, run.metrics, run.report, counters, learner.recent_returns,
                 run.ckpt_dir, run.stop_signal, options.on_iteration, run.learners, store=learner.store)
-    run.workers.reconcile(wait_for_all=60.0, stop=lambda: run.stop_signal["set"])
+    run.workers.reconcile(wait_for_all=60.0)
     log.info("%d/%d rollout workers ready", len(run.workers.ready()), run.replicas)
     timeline.mark("startup", ray=ray_seconds, learner_build=learner.seconds, imports=learner.import_seconds)
     return loop, ray_seconds

@@ -268,17 +268,19 @@ class WorkerSet:
     """Keeps one rollout actor per rollout slot alive; counts replacements."""
 
     def __init__(self, make_args: dict[str, Any], desired: int | None, cluster: bool, seed: int,
-                 expected: int = 1):
+                 expected: int = 1, stop: Callable[[], bool] | None = None):
+        """`stop`: whether the run is stopping (its SIGTERM); a wait for workers ends once it says so, so the
+        SIGTERM's checkpoint never waits for workers (a drain may have taken them all) past the grace period."""
         self.make_args = make_args
         self.fixed_desired = desired
         self.expected = expected  # what the spec asks for: at start, a cluster waits a while for that many slots
-        self.cluster = cluster
+        self.stop = stop or (lambda: False)
         self.seed = seed
         self.workers: dict[int, WorkerHandle] = {}
         self.restarts = 0
         self._next_generation = 0
         self._actor_cls = ray.remote(num_cpus=1, resources=rollout_slots(1), max_restarts=0)(RolloutWorker)
-        self._offered = OfferedSlots() if cluster else None
+        self._offered = OfferedSlots() if cluster else None  # locally the count is fixed: `desired`
 
     def desired(self) -> int:
         if self._offered is not None:
@@ -293,17 +295,15 @@ class WorkerSet:
         actor = self._actor_cls.options(name=None).remote(**args)
         self.workers[index] = WorkerHandle(index, actor, ready_ref=actor.ping.remote())
 
-    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0, wait_for_all: float = 0.0,
-                  stop: Callable[[], bool] | None = None) -> None:
+    def reconcile(self, wait_for_one: bool = True, timeout: float = 120.0, wait_for_all: float = 0.0) -> None:
         """Create missing actors, drop surplus ones, and mark started ones ready. Waits up to
         `wait_for_all` seconds for every desired actor (at start), and otherwise for at least one.
-        The desired count is re-read while waiting: on a cluster, worker pods may join late. With
-        `stop`, stops waiting once it returns True: a SIGTERM's checkpoint must not wait for workers
-        (a drain may have taken them all) past the pod's grace period."""
+        The desired count is re-read while waiting: on a cluster, worker pods may join late. Returns at
+        once when the run is stopping (`stop`)."""
         deadline = time.monotonic() + timeout
         all_deadline = time.monotonic() + wait_for_all
         while True:
-            if stop is not None and stop():
+            if self.stop():
                 return
             want = self.desired()
             for index in range(want):
