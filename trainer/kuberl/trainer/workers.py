@@ -7,6 +7,7 @@ workers and scaling the pods scales the actors.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.core.generated import gcs_pb2
+from ray.exceptions import RayActorError, RayTaskError, RpcError
 
 from kuberl.api.learner_slots import learner_slots
 from kuberl.api.rollout_slots import rollout_slots, workers_offered
@@ -210,58 +212,67 @@ class WorkerHandle:
     ready: bool = False
 
 
-#: How long the learner waits on Ray's GCS for the cluster's rollout slots. With the head gone (a drain
-#: evicting it, its node lost) Ray's call blocks for tens of seconds and then aborts the process: a learner
-#: stuck in it when its own SIGTERM comes never writes the checkpoint that SIGTERM asks for. Past this, the
-#: count last read stands, and the loop goes on to see the SIGTERM.
+#: Seconds one read of the cluster's rollout slots may wait on Ray's GCS. With the head gone (a drain evicting
+#: it, its node lost) the GCS does not answer; past this the count last read stands, and the loop goes on to
+#: see the SIGTERM that the operator sends a learner whose head is gone.
 GCS_READ_SECONDS = 2.0
 
 
-class _Read:
-    """One call of `read` on a daemon thread: a call that never returns holds up neither the learner's loop
-    nor its exit."""
-
-    def __init__(self, read: Callable[[], dict[str, float]]):
-        self.done = threading.Event()
-        self.value: dict[str, float] = {}
-        self.error: BaseException | None = None
-        threading.Thread(target=self._run, args=(read,), name="kuberl-gcs-read", daemon=True).start()
-
-    def _run(self, read: Callable[[], dict[str, float]]) -> None:
-        try:
-            self.value = read()
-        except BaseException as err:  # noqa: BLE001 - handed to the caller, raised there
-            self.error = err
-        finally:
-            self.done.set()
+def alive_resources(timeout: float) -> dict[str, float]:
+    """The total resources of the cluster's live nodes, through the core worker's own GCS client: one call,
+    bounded by `timeout`, that raises RpcError when the GCS does not answer. Not `ray.cluster_resources()`: it
+    reads through Ray's GlobalStateAccessor, whose failed read is a failed check that aborts the process (a
+    learner whose head a drain evicted died so, mid-run and before its SIGTERM came, losing every step since its
+    last checkpoint), whatever thread it runs on."""
+    client: Any = getattr(ray._private.worker.global_worker, "gcs_client")  # noqa: B009 - set at connect; untyped
+    alive: int = gcs_pb2.GcsNodeInfo.ALIVE  # type: ignore[attr-defined]  # generated protobuf, no stubs
+    total: collections.Counter[str] = collections.Counter()
+    for node in client.get_all_node_info(timeout=timeout, state_filter=alive).values():
+        total.update(dict(node.resources_total))
+    return dict(total)
 
 
 class OfferedSlots:
-    """The cluster's rollout slots, read from the GCS on a thread of its own, at most GCS_READ_SECONDS at a
-    time; one read in flight at most (a read still blocked is waited on again, never doubled)."""
+    """The cluster's rollout slots, read from the GCS at most GCS_READ_SECONDS at a time; when the GCS does not
+    answer, the count last read."""
 
-    def __init__(self, read: Callable[[], dict[str, float]] = ray.cluster_resources,
+    def __init__(self, read: Callable[[float], dict[str, float]] = alive_resources,
                  timeout: float = GCS_READ_SECONDS):
         self._read, self.timeout = read, timeout
-        self._pending: _Read | None = None
         self.last = 0
-        self.unanswered = 0  # reads that ran past the timeout, for the log
+        self.unanswered = 0  # reads in a row that the GCS did not answer, for the log
 
     def __call__(self) -> int:
-        if self._pending is None:
-            self._pending = _Read(self._read)
-        if not self._pending.done.wait(self.timeout):
+        try:
+            value = self._read(self.timeout)
+        except (RpcError, TimeoutError) as err:
             self.unanswered += 1
             if self.unanswered == 1:
-                log.warning("Ray's GCS did not answer within %.0f s (the head gone?): going on with %d rollout "
-                            "slots", self.timeout, self.last)
+                log.warning("Ray's GCS did not answer within %.0f s (%s; the head gone?): going on with %d "
+                            "rollout slots", self.timeout, err, self.last)
             return self.last
-        read, self._pending = self._pending, None
-        if read.error is not None:
-            raise read.error
         self.unanswered = 0
-        self.last = workers_offered(read.value)
+        self.last = workers_offered(value)
         return self.last
+
+
+def kill_in_background(actor: Any, kill: Callable[..., Any] = ray.kill) -> threading.Thread:
+    """`ray.kill(actor, no_restart=True)` on a daemon thread, not waited on. Ray's kill waits, with the GIL
+    released and so deaf to Python's signal handlers, for the GCS to finish registering an actor still being
+    registered: with the head gone (a drain evicting it, its node lost) that is forever, and a learner in it when
+    its SIGTERM came was killed at the end of its grace period without the checkpoint that SIGTERM asks for (a
+    drain can lose a checkpoint interval so). Killing is tidying up an actor the learner has already let go of: what it
+    returns, or whether it ever does, changes nothing the learner does next."""
+
+    def run() -> None:
+        try:
+            kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or its cluster is
+            pass
+
+    thread = threading.Thread(target=run, name="kuberl-actor-kill", daemon=True)
+    thread.start()
+    return thread
 
 
 class WorkerSet:
@@ -311,7 +322,7 @@ class WorkerSet:
                     self._spawn(index)
             for index in sorted(self.workers):
                 if index >= want:
-                    ray.kill(self.workers.pop(index).actor, no_restart=True)
+                    kill_in_background(self.workers.pop(index).actor)
             pending = {h.ready_ref: h for h in self.workers.values() if not h.ready}
             if pending:
                 done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
@@ -347,12 +358,9 @@ class WorkerSet:
     def replace(self, index: int) -> None:
         old = self.workers.pop(index, None)
         if old is not None:
-            try:
-                ray.kill(old.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            kill_in_background(old.actor)
         self.restarts += 1
-        if index < self.desired():
+        if not self.stop() and index < self.desired():
             self._spawn(index)
 
     def call(self, method: str, per_worker_args: dict[int, tuple],
