@@ -102,11 +102,18 @@ def audit_policy() -> dict[str, Any]:
         # (ResponseStarted is kept: a watch that is still open has no ResponseComplete yet.)
         "omitStages": ["RequestReceived"],
         "rules": [
+            # Every pod created, whoever created it (a Job's pod comes from the controller manager): when a
+            # workload's pods came into being, for the comparison of operators (bench_operator_overhead.py).
+            {"level": "Metadata", "verbs": ["create"], "resources": [{"group": "", "resources": ["pods"]}]},
             {"level": "None", "users": list(COMPONENT_USERS)},
             {"level": "None", "userGroups": list(COMPONENT_GROUPS)},
             # Every version of a job its writers made, whole: what a test reads a job's history from.
             {"level": "RequestResponse", "verbs": ["create", "update", "patch", "delete"],
              "resources": [{"group": "kuberl.dev", "resources": ["rltrainingjobs", "rltrainingjobs/status"]}]},
+            # What a node and KubeRay wrote (a pod's phase, readiness and containers; a RayJob's state), with
+            # its time: when a container ended or a job was marked Complete.
+            {"level": "Request", "verbs": ["update", "patch"], "resources": [
+                {"group": "", "resources": ["pods/status"]}, {"group": "ray.io", "resources": ["rayjobs/status"]}]},
             {"level": "Metadata"},
         ],
     }
