@@ -76,9 +76,9 @@ class Api:
                     raise
             time.sleep(0.1)
 
-    def patch(self, path: str, patch: Mapping[str, Any]) -> Any:
+    def patch(self, path: str, patch: Mapping[str, Any], content_type: str = "application/merge-patch+json") -> Any:
         try:
-            return self.request("PATCH", path, patch, "application/merge-patch+json")
+            return self.request("PATCH", path, patch, content_type)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:  # deleted meanwhile
                 return None

@@ -125,13 +125,16 @@ class PodRunner(ContainerRuns, ReadinessProbes, PodVolumes):
     def write_status(self) -> None:
         """The pod's status, written only onto this pod: as a kubelet's status manager does, the patch
         carries the pod's uid, so a pod deleted without grace and created again under its name (a
-        controller replacing it) never gets the old one's containers. That refusal ends this pod here."""
+        controller replacing it) never gets the old one's containers. That refusal ends this pod here. A
+        strategic merge, as a kubelet's: the conditions merge by type, so those others set (the eviction API's
+        DisruptionTarget, a scheduler's) stay."""
         with self._status_lock:
             if self.gone:
                 return
             try:
                 self.agent.api.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status",
-                                     {"metadata": {"uid": self.uid}, "status": pod_status(self)})
+                                     {"metadata": {"uid": self.uid}, "status": pod_status(self)},
+                                     "application/strategic-merge-patch+json")
             except urllib.error.HTTPError as exc:
                 if exc.code not in (409, 422) or not self._replaced():
                     raise

@@ -338,7 +338,7 @@ def test_learner_failure_restarts_within_backoff_limit_then_fails(cluster, opera
     st = status(cluster)
     assert st["learnerRestarts"] == 1 and st["phase"] == "Starting"
     event = wait_event(cluster, "LearnerRestarted")
-    assert "restart 1 of 1" in event["message"] and "emptyDir" in event["message"]
+    assert "restarts counted 1 of 1" in event["message"] and "emptyDir" in event["message"]
     cluster.set_pod_phase(cluster.namespace, LEARNER, "Running")
     wait_phase(cluster, "Running")
 

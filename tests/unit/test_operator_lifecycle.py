@@ -246,7 +246,7 @@ def test_learner_failure_restarts_it_until_backoff_limit_then_fails(sim):
         assert [p.name for p in plan.delete] == ["cartpole-ppo-learner"]
         assert sim.status.learner_restarts == attempt and sim.phase == Phase.STARTING
         event = next(e for e in plan.events if e.reason == "LearnerRestarted")
-        assert event.type == "Warning" and f"restart {attempt} of 2" in event.message
+        assert event.type == "Warning" and f"restarts counted {attempt} of 2" in event.message
         assert "emptyDir" in event.message  # says the checkpoints are gone with the pod
         plan = sim.step(seconds=0.1)
         assert [m["metadata"]["name"] for m in plan.create] == ["cartpole-ppo-learner"]
@@ -315,6 +315,63 @@ def test_the_checkpoint_time_is_read_from_the_learners_metrics_disk_and_store_to
     for value in ("0", "-3", "1e12", "NaN", "+Inf"):
         hostile = text.replace("0.25", value)
         assert job_status.parse_learner_metrics(hostile, job_name="j").checkpoint_seconds is None, value
+
+
+def evict(sim: Sim, name: str) -> None:
+    """What the eviction API does to a pod (a drain, preemption): the DisruptionTarget condition, then the
+    deletion; the pod terminates with its grace period."""
+    pod = sim.pods[name]
+    pod["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
+    status = pod.setdefault("status", {})
+    status["conditions"] = [*status.get("conditions", []), {"type": "DisruptionTarget", "status": "True",
+                                                             "reason": "EvictionByEvictionAPI"}]
+
+
+def test_an_evicted_learner_is_restarted_without_spending_the_backoff_limit(sim):
+    """A drain (or preemption) takes pods away; the job did not fail. With backoffLimit 0 a failed learner
+    fails the job, an evicted one is replaced, its restart counted apart (Kubernetes Jobs' podFailurePolicy
+    for DisruptionTarget, built in)."""
+    sim.job_dict["spec"]["backoffLimit"] = 0
+    running(sim)
+    evict(sim, "cartpole-ppo-learner")
+    plan = sim.step()  # terminating: nothing to do yet but remember why it goes
+    assert not plan.create and sim.status.disrupted_pods == ["cartpole-ppo-learner"]
+    del sim.pods["cartpole-ppo-learner"]  # its node stopped it and deleted the pod
+    plan = sim.step()
+    assert sim.phase == Phase.STARTING, sim.status.message
+    assert sim.status.learner_restarts == 1 and sim.status.disruption_restarts == 1
+    assert sim.status.disrupted_pods == []
+    event = next(e for e in plan.events if e.reason == "LearnerRestarted")
+    assert "evicted or preempted" in event.message and "restarts counted 0 of 0" in event.message
+    if "cartpole-ppo-learner" not in sim.pods:  # the pod is gone already: created in this pass or the next
+        sim.step(seconds=0.1)
+    assert "cartpole-ppo-learner" in sim.pods
+    sim.set("cartpole-ppo-learner", "Running")
+    sim.step()
+    # The same learner failing on its own is a failure: the limit of 0 is spent on it.
+    sim.set("cartpole-ppo-learner", "Failed", exit_code=1)
+    sim.step()
+    assert sim.phase == Phase.FAILED and sim.status.reason == "BackoffLimitExceeded"
+
+
+def test_an_evicted_head_restarts_the_ray_cluster_without_spending_the_backoff_limit(sim):
+    sim.job_dict["spec"]["backoffLimit"] = 0
+    running(sim)
+    evict(sim, "cartpole-ppo-head")
+    plan = sim.step()
+    assert sim.phase == Phase.STARTING, sim.status.message
+    assert sim.status.head_restarts == 1 and sim.status.disruption_restarts == 1
+    assert sorted(p.name for p in plan.delete) == sorted(n for n in ALL if n != "cartpole-ppo-head")
+    assert "evicted or preempted" in sim.condition("Degraded").message
+
+
+def test_a_head_that_fails_on_its_own_still_spends_the_backoff_limit(sim):
+    sim.job_dict["spec"]["backoffLimit"] = 0
+    running(sim)
+    sim.set("cartpole-ppo-head", "Failed")
+    sim.step()
+    assert sim.phase == Phase.FAILED and sim.status.reason == "BackoffLimitExceeded"
+    assert sim.status.disruption_restarts == 0
 
 
 def test_head_failure_recreates_the_ray_cluster_in_a_new_epoch(sim):

@@ -933,7 +933,8 @@ class RLTrainingJobSpec(_Model):
     )
     backoff_limit: int = Field(
         default=3, ge=0, le=100,
-        description="Restarts of the learner and of the Ray head, counted together, before the job fails.")
+        description="Restarts of the learner and of the Ray head, counted together, before the job fails. A restart "
+                    "after the cluster took the pod away (a drain's eviction, preemption) is not counted.")
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has been active longer than this."
     )
@@ -1031,6 +1032,14 @@ class RLTrainingJobStatus(_Model):
     workers: str = Field(default="0/0", description="ready/desired, for kubectl get.")
     learner_restarts: int = Field(default=0, ge=0, description="Times the learner was restarted.")
     head_restarts: int = Field(default=0, ge=0, description="Times the head was recreated.")
+    disruption_restarts: int = Field(
+        default=0, ge=0, description="Of those restarts, the ones after the cluster took the pod away (a drain's "
+                                     "eviction, preemption: its DisruptionTarget condition): not counted against "
+                                     "backoffLimit.")
+    disrupted_pods: list[str] = Field(
+        default_factory=list, max_length=8,
+        description="The job's head and learner pods seen disrupted and not yet replaced (the operator's own record, "
+                    "kept until the replacement).")
     progress: Progress = Field(default_factory=Progress, description="Training progress from the learner.")
     last_checkpoint: str | None = Field(default=None, description="Newest checkpoint file.")
     last_checkpoint_time: datetime | None = Field(default=None, description="When it was written.")

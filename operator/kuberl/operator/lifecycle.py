@@ -151,7 +151,8 @@ class _Pass:
                                  generation=self.meta.generation)
 
     def restarts_used(self) -> int:
-        return self.status.learner_restarts + self.status.head_restarts
+        """Restarts counted against backoffLimit: a disrupted pod's replacement is not the job failing."""
+        return self.status.learner_restarts + self.status.head_restarts - self.status.disruption_restarts
 
 
 #: One step of a pass; the job is the validated one.
@@ -232,6 +233,7 @@ def _expire(pass_: _Pass, job: RLTrainingJob | None) -> None:
 
 def _sort_pods(pass_: _Pass, job: RLTrainingJob) -> None:
     """Split live pods by component; pods of an older Ray epoch are deleted (planned, not counted)."""
+    _note_disruptions(pass_)
     epoch = pass_.status.head_restarts
     stale = [pod for pod in pass_.live if pod.epoch is not None and pod.epoch != epoch]
     pass_.delete(stale)
@@ -294,23 +296,49 @@ def _deadline(pass_: _Pass, job: RLTrainingJob) -> None:
 # -- failures, counted against backoffLimit ---------------------------------------------------------------
 
 
+def _note_disruptions(pass_: _Pass) -> None:
+    """Remember each head or learner pod the cluster is taking away (its DisruptionTarget condition), until its
+    replacement: the condition is gone with the pod, and a pass often sees only that the pod vanished."""
+    for pod in pass_.owned:
+        if (pod.disrupted and pod.component in (Component.HEAD, Component.LEARNER)
+                and pod.name not in pass_.status.disrupted_pods):
+            pass_.status.disrupted_pods = [*pass_.status.disrupted_pods, pod.name][-8:]
+
+
+def _disruption(pass_: _Pass, name: str, pod: PodView | None) -> bool:
+    """Whether the pod `name` that ended or vanished was disrupted rather than failed; if so, its restart is
+    counted as one (not against backoffLimit) and the record of it is done with."""
+    if name not in pass_.status.disrupted_pods and not (pod is not None and pod.disrupted):
+        return False
+    pass_.status.disrupted_pods = [n for n in pass_.status.disrupted_pods if n != name]
+    pass_.status.disruption_restarts += 1
+    return True
+
+
+def _ended(what: str, why: str, disrupted: bool) -> str:
+    if disrupted:
+        return f"{what} was evicted or preempted ({why}), which does not count against backoffLimit"
+    return f"{what} failed ({why})"
+
+
 def _check_head(pass_: _Pass, job: RLTrainingJob) -> None:
     head = pass_.head_pod
+    name = names.head_pod(pass_.meta.name)
     failed = head is not None and head.ended
-    vanished = (head is None and pass_.before == Phase.RUNNING
-                and names.head_pod(pass_.meta.name) not in pass_.deleted)
+    vanished = head is None and pass_.before == Phase.RUNNING and name not in pass_.deleted
     if not (failed or vanished):
         return
     why = (head.why or f"pod phase {head.phase}") if failed and head else "the head pod disappeared"
     limit = job.spec.backoff_limit
-    if _backoff_spent(pass_, job, f"the Ray head failed ({why})"):
+    disrupted = _disruption(pass_, name, head)
+    if not disrupted and _backoff_spent(pass_, job, f"the Ray head failed ({why})"):
         return
     pass_.status.head_restarts += 1
     # The Ray cluster is gone: every pod joined to it goes, and all come back in the new epoch.
     pass_.delete([pod for pod in pass_.live if pod.component is not None])
     pass_.status.phase = Phase.STARTING
-    message = (f"the Ray head failed ({why}); restart {pass_.restarts_used()} of {limit}: a new head starts, "
-               f"rollout workers rejoin, the learner restarts, {_checkpoint_note(job)}")
+    message = (f"{_ended('the Ray head', why, disrupted)}; restarts counted {pass_.restarts_used()} of {limit}: "
+               f"a new head starts, rollout workers rejoin, the learner restarts, {_checkpoint_note(job)}")
     pass_.degraded("HeadRestarted", message)
     pass_.plan.events.append(Event("Warning", "HeadRestarted", message))
     pass_.plan.restarts.append(Component.HEAD)
@@ -344,14 +372,15 @@ def _check_learner(pass_: _Pass, job: RLTrainingJob) -> None:
         return
     why = (learner.why or "pod phase Failed") if failed and learner else "the learner pod disappeared"
     limit = job.spec.backoff_limit
-    if _backoff_spent(pass_, job, f"the learner failed ({why})"):
+    disrupted = _disruption(pass_, name, learner)
+    if not disrupted and _backoff_spent(pass_, job, f"the learner failed ({why})"):
         return
     pass_.status.learner_restarts += 1
     if learner is not None:
         pass_.delete([learner])
         pass_.learner_pod = None
     pass_.status.phase = Phase.STARTING
-    message = (f"the learner failed ({why}); restart {pass_.restarts_used()} of {limit}, "
+    message = (f"{_ended('the learner', why, disrupted)}; restarts counted {pass_.restarts_used()} of {limit}, "
                f"{_checkpoint_note(job)}")
     pass_.degraded("LearnerRestarted", message)
     pass_.plan.events.append(Event("Warning", "LearnerRestarted", message))

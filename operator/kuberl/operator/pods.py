@@ -44,6 +44,9 @@ class PodView:
     group: str | None = None
     #: (reason, message) of a problem that keeps the pod from starting (startup.pod_waiting).
     waiting: tuple[str, str] | None = None
+    #: The cluster is taking the pod away (Kubernetes' DisruptionTarget condition: evicted by a drain,
+    #: preempted, or the node under pressure), as opposed to the pod failing.
+    disrupted: bool = False
 
     @property
     def ended(self) -> bool:
@@ -81,6 +84,7 @@ class PodView:
             gated=kueue.is_gated(pod),
             group=kueue.group_of(pod),
             waiting=startup.pod_waiting(pod),
+            disrupted=conditions.get("DisruptionTarget") == "True",
         )
 
 
