@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 import yaml
-from bench_vs_kuberay import live
+from bench_vs_kuberay import abba, live, one_run
 from common import BENCH, REPO, RESULTS, Bench, from_tests, load_average
 
 JOB_FILE = BENCH / "overhead" / "job.yaml"
@@ -339,16 +339,14 @@ def main() -> None:
             account = f"system:serviceaccount:{cluster_bed.OPERATOR_NAMESPACE}:"
             kuberl_user = next(e["user"]["username"] for e in bed.plane.audit_events(0)
                                if e["user"]["username"].startswith(account))
+
+            def run(system: str, i: int) -> dict:
+                return kuberl_run(bed, i, kuberl_user) if system == "kuberl" else kuberay_run(bed, i, kuberay)
+
             for i in range(args.repeats):
-                # ABBA: each goes first in every other repeat, so a drift in load hits both alike.
-                for system in ("kuberl", "kuberay") if i % 2 == 0 else ("kuberay", "kuberl"):
-                    try:
-                        r = kuberl_run(bed, i, kuberl_user) if system == "kuberl" else kuberay_run(bed, i, kuberay)
-                    except RuntimeError as error:
-                        if not args.keep_going:
-                            raise
-                        failures.append({"system": system, "repeat": i, "error": str(error)[-3000:]})
-                        print(f"{system} run {i} FAILED: {str(error)[:300]}", flush=True)
+                for system in abba(i):
+                    r = one_run(system, i, run, args.keep_going, failures)
+                    if r is None:
                         continue
                     runs[system].append(r)
                     print(show(r), flush=True)

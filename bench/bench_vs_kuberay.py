@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -523,6 +524,25 @@ def summarize(runs: dict[str, list[dict]], failures: list[dict], local_runs: lis
     return results
 
 
+def abba(repeat: int) -> tuple[str, str]:
+    """The order of one repeat: each system goes first in every other one, so a drift in load hits both alike."""
+    return ("kuberl", "kuberay") if repeat % 2 == 0 else ("kuberay", "kuberl")
+
+
+def one_run(system: str, repeat: int, run: Callable[[str, int], dict], keep_going: bool,
+            failures: list[dict]) -> dict | None:
+    """`run(system, repeat)`'s record; with `keep_going`, a run that failed is recorded in `failures` and gives
+    None."""
+    try:
+        return run(system, repeat)
+    except RuntimeError as error:
+        if not keep_going:
+            raise
+        failures.append({"system": system, "repeat": repeat, "error": str(error)[-3000:]})
+        print(f"{system} run {repeat} FAILED: {str(error)[:300]}", flush=True)
+        return None
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs of each system, alternating (default 5)")
     parser.add_argument("--local", action="store_true", help="also run the KubeRL file with `kuberl train` "
@@ -550,20 +570,16 @@ def main() -> None:
             account = f"system:serviceaccount:{cluster_bed.OPERATOR_NAMESPACE}:"
             kuberl_user = next(e["user"]["username"] for e in bed.plane.audit_events(0)
                                if e["user"]["username"].startswith(account))
+
+            def run(system: str, i: int) -> dict:
+                if system == "kuberl":
+                    return kuberl_run(bed, i, kuberl_operator, kuberl_user, capture=i == 0)
+                return kuberay_run(bed, i, kuberay, capture=i == 0)
+
             for i in range(args.repeats):
-                # ABBA: each system goes first in every other repeat, so a drift in load hits both alike.
-                order = ("kuberl", "kuberay") if i % 2 == 0 else ("kuberay", "kuberl")
-                for system in order:
-                    try:
-                        if system == "kuberl":
-                            r = kuberl_run(bed, i, kuberl_operator, kuberl_user, capture=i == 0)
-                        else:
-                            r = kuberay_run(bed, i, kuberay, capture=i == 0)
-                    except RuntimeError as error:
-                        if not args.keep_going:
-                            raise
-                        failures.append({"system": system, "repeat": i, "error": str(error)[-3000:]})
-                        print(f"{system} run {i} FAILED: {str(error)[:300]}", flush=True)
+                for system in abba(i):
+                    r = one_run(system, i, run, args.keep_going, failures)
+                    if r is None:
                         continue
                     r["repeat"] = i
                     runs[system].append(r)
