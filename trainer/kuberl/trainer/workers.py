@@ -259,10 +259,10 @@ class OfferedSlots:
 def kill_in_background(actor: Any, kill: Callable[..., Any] = ray.kill) -> threading.Thread:
     """`ray.kill(actor, no_restart=True)` on a daemon thread, not waited on. Ray's kill waits, with the GIL
     released and so deaf to Python's signal handlers, for the GCS to finish registering an actor still being
-    registered: with the head gone (a drain evicting it, its node lost) that is forever, and a learner in it when
-    its SIGTERM came was killed at the end of its grace period without the checkpoint that SIGTERM asks for (a
-    drain can lose a checkpoint interval so). Killing is tidying up an actor the learner has already let go of: what it
-    returns, or whether it ever does, changes nothing the learner does next."""
+    registered: with the head gone (a drain evicting it, its node lost) that is forever, and a learner in it
+    when its SIGTERM came would be killed at the end of its grace period without the checkpoint that SIGTERM
+    asks for. Killing is tidying up an actor the learner has already let go of: what it returns, or whether it
+    ever does, changes nothing the learner does next."""
 
     def run() -> None:
         try:
