@@ -170,7 +170,7 @@ def yaml_documents(text: str) -> list:
 # MLflow's tracking server, in its own virtualenv
 # --------------------------------------------------------------------------------------------
 
-MLFLOW = "mlflow==3.17.2"
+MLFLOW = "mlflow[auth]==3.17.2"
 MLFLOW_CONSTRAINTS = REPO / "tests" / "data" / "mlflow-constraints.txt"
 
 
@@ -178,9 +178,14 @@ class MLflowServer:
     """A real tracking server (tests, bench/bench_tracking.py): `mlflow server` on loopback with a SQLite
     store and its artifact proxy; `query` runs MLflow's own client in the server's virtualenv."""
 
-    def __init__(self, directory: Path, host: str = "127.0.0.1"):
-        """`host`: the address it listens on: loopback, or a bed network's gateway for the bed's pods."""
+    #: The admin MLflow's basic-auth app creates on its first start, for `admin_password`.
+    ADMIN = "admin"
+
+    def __init__(self, directory: Path, host: str = "127.0.0.1", admin_password: str | None = None):
+        """`host`: the address it listens on: loopback, or a bed network's gateway for the bed's pods.
+        `admin_password`: run MLflow's basic-auth app (every request needs a user), its admin with this password."""
         self.venv, self.directory, self.host = tool_venv("mlflow", MLFLOW, MLFLOW_CONSTRAINTS), directory, host
+        self.admin_password = admin_password
         self.proc: subprocess.Popen | None = None
         self.uri = ""
 
@@ -191,9 +196,9 @@ class MLflowServer:
             self.proc = subprocess.Popen(
                 [str(self.venv / "bin" / "mlflow"), "server", "--host", self.host, "--port", str(port),
                  "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
-                 "--artifacts-destination", str(self.directory / "artifacts")],
+                 "--artifacts-destination", str(self.directory / "artifacts"), *self._auth_args()],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+                env={**os.environ, "MLFLOW_TRACKING_URI": "", **self._auth_env()})
             self.uri = f"http://{self.host}:{port}"
             deadline = time.monotonic() + 300
             while self.proc.poll() is None and time.monotonic() < deadline:
@@ -202,6 +207,17 @@ class MLflowServer:
                 time.sleep(0.5)
             self.stop()
         raise AssertionError(f"mlflow server did not start: {(self.directory / 'server.log').read_text()[-3000:]}")
+
+    def _auth_args(self) -> list[str]:
+        return [] if self.admin_password is None else ["--app-name", "basic-auth"]
+
+    def _auth_env(self) -> dict[str, str]:
+        """The basic-auth app's admin (it ships no default password) and its Flask secret; and for `query`,
+        the client's credentials."""
+        if self.admin_password is None:
+            return {}
+        return {"MLFLOW_AUTH_ADMIN_PASSWORD": self.admin_password, "MLFLOW_FLASK_SERVER_SECRET_KEY": "kuberl-tests",
+                "MLFLOW_TRACKING_USERNAME": self.ADMIN, "MLFLOW_TRACKING_PASSWORD": self.admin_password}
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -216,6 +232,7 @@ class MLflowServer:
                    f"globals().update(json.loads({json.dumps(json.dumps(values))}))\n")
         done = subprocess.run([str(self.venv / "bin" / "python"), "-c",
                                prelude + script + "\nprint(json.dumps(out))"],
-                              capture_output=True, text=True, timeout=300, check=False)
+                              capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, **self._auth_env()})
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])

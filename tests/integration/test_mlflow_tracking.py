@@ -1,7 +1,8 @@
 """Runs in a real MLflow tracking server (`mlflow server` from PyPI, SQLite backend, its artifact proxy on
 loopback), read back with MLflow's own client: a run's job as parameters, every iteration's metrics at its
 env steps, the run's files and its exported policy as artifacts; a sweep as a parent run with a child per
-trial; a tracker that is down while a run trains, which slows nothing and loses nothing.
+trial; a tracker that is down while a run trains, which slows nothing and loses nothing; a server behind
+MLflow's basic-auth app, which takes the run's credentials and refuses wrong ones.
 
 The server lives in a virtualenv of its own (tools.tool_venv, every package pinned in
 tests/data/mlflow-constraints.txt), installed from PyPI on first use.
@@ -9,6 +10,7 @@ tests/data/mlflow-constraints.txt), installed from PyPI on first use.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -28,6 +30,14 @@ pytestmark = [pytest.mark.slow]
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     server = MLflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def mlflow_auth_server(tmp_path_factory):
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow-auth"), admin_password="kuberl-Admin-4-tests")
     server.start()
     yield server
     server.stop()
@@ -172,3 +182,38 @@ def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(mlflow_server, tmp_p
     # One child per trial, each with its seed (the trial's job as its parameters).
     assert [c[1] for c in seen["children"]] == ["FINISHED", "FINISHED"], seen["children"]
     assert sorted(c[2] for c in seen["children"]) == ["0", "1"], seen["children"]
+
+
+def test_a_tracker_behind_basic_auth_logs_with_the_runs_credentials_and_says_when_they_are_refused(
+        mlflow_auth_server, local_ray, job_dict, tmp_path, monkeypatch):
+    server = mlflow_auth_server
+    trackers = []
+
+    def keep_tracker(row, loop) -> None:
+        trackers.append(loop.report.tracker)
+
+    def run(name: str, password: str):
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", server.ADMIN)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+        job = parse_job(tracked_job(copy.deepcopy(job_dict), server.uri, name, max_env_steps=4096))
+        return train(job, TrainOptions(run_dir=tmp_path / name, workers=2, metrics_port=0, progress=False,
+                                       shutdown_ray=False, on_iteration=keep_tracker))
+
+    refused = run("refused", "not-the-password")
+    # Training is not held up by a tracker that refuses it; the tracker says why, and stops waiting at the end.
+    assert refused.ok and trackers[-1].credentials_refused and trackers[-1].reachable is False
+    assert "HTTP 401" in trackers[-1].last_error, trackers[-1].last_error
+    trackers[-1]._thread.join(30)  # at most one request in flight when close() gave up
+    assert not trackers[-1]._thread.is_alive()
+    accepted = run("accepted", server.admin_password)
+    assert accepted.ok and trackers[-1].reachable is True and not trackers[-1].credentials_refused
+    rows = [json.loads(line) for line in (tmp_path / "accepted" / "metrics.jsonl").read_text().splitlines()]
+    seen = server.query(RUN_QUERY, job="accepted", dst=str(tmp_path / "downloaded"))
+    assert seen["status"] == "FINISHED" and seen["steps"] == [[r["env_steps"], float(r["env_steps"])] for r in rows]
+    assert server.query(COUNT_QUERY, job="refused") == 0
+
+
+COUNT_QUERY = """
+exp = client.get_experiment_by_name("kuberl-tests")
+out = len(client.search_runs([exp.experiment_id], filter_string=f"tags.`kuberl.job` = '{job}'"))
+"""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import pytest
 from prometheus_client import generate_latest
@@ -171,3 +172,61 @@ def test_a_redirect_is_refused_not_followed_with_the_credentials(monkeypatch):
     finally:
         server.shutdown()
     assert err.value.status == 302 and seen == ["/api/2.0/mlflow/experiments/get-by-name"]
+
+
+class _Answering:
+    """An HTTP server on loopback answering every request with `code`; counts the requests."""
+
+    def __init__(self, code: int):
+        import http.server
+        import threading
+
+        self.requests = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                outer.requests += 1
+                self.send_response(code)
+                self.end_headers()
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.uri = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_closing_run_tries_a_failing_tracker_at_a_pace_and_its_thread_ends_when_close_gives_up():
+    server = _Answering(503)
+    tracker = tracking.Tracker(server.uri, "e", "r", flush_seconds=3.0)
+    try:
+        tracker.log_metrics(1, {"x": 1.0})
+        assert tracker.close() is False
+        tracker._thread.join(30)  # at most one request in flight when close() gave up
+        assert not tracker._thread.is_alive()
+    finally:
+        server.server.shutdown()
+    # Tries at most every CLOSING_RETRY_SECONDS while closing, not a loop: 3 s give a handful, never hundreds.
+    assert 1 <= server.requests <= 3 / tracking.CLOSING_RETRY_SECONDS + 3, server.requests
+    assert tracker.reachable is False and not tracker.credentials_refused
+
+
+def test_credentials_the_tracker_refuses_are_said_and_the_end_does_not_wait_for_them(monkeypatch, caplog):
+    server = _Answering(401)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "wrong")
+    tracker = tracking.Tracker(server.uri, "e", "r", flush_seconds=120.0)
+    try:
+        tracker.log_metrics(1, {"x": 1.0})
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger=tracking.log.name):
+            assert tracker.close() is False
+        # Waiting does not change refused credentials: close() gives them a last try, not its 120 s.
+        assert time.monotonic() - started < 60
+    finally:
+        server.server.shutdown()
+    assert tracker.credentials_refused and "HTTP 401" in tracker.last_error
+    assert "spec.tracking.mlflow.credentialsSecret" in caplog.text, caplog.text

@@ -51,6 +51,8 @@ BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 15.0)
 #: Seconds between sends while the tracker answers: the rows of a fast run go in one request, not one each
 #: (each is the tracker's CPU and this process's; bench/bench_tracking.py measured one request a row).
 SEND_INTERVAL_SECONDS = 2.0
+#: Once the run is closing, the wait between its last tries: short, but not a loop of refused connections.
+CLOSING_RETRY_SECONDS = 0.5
 #: Seconds a run that is stopped by SIGTERM, interrupted or failing gives its tracker for what is queued: a
 #: pod being deleted has its grace period to keep, and the next learner goes on in the same run.
 EXIT_WAIT_SECONDS = 5.0
@@ -279,10 +281,13 @@ class Tracker:
         self.artifact_uri = ""
         self.reachable: bool | None = None  # None until the first answer or failure
         self.last_error = ""
+        self.credentials_refused = False  # the tracker answered 401 or 403
         self.outbox = _Outbox()
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._done = threading.Event()
+        self._given_up = threading.Event()  # close() stopped waiting: the thread ends
+        self._ended = threading.Event()  # the thread ended: all sent, or given up
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
         self._thread.start()
@@ -325,9 +330,10 @@ class Tracker:
             self.outbox.end_status = status
         self._closing.set()
         self._wake.set()
-        self._done.wait(self.flush_seconds if wait is None else wait)
+        self._ended.wait(self.flush_seconds if wait is None else wait)
         sent = self._done.is_set()
         if not sent:
+            self._given_up.set()
             log.warning("MLflow at %s: %d metric points and the run's end not sent in time (%s)",
                         self.rest.uri, len(self.outbox.points), self.last_error or "no answer yet")
         elif self.outbox.dropped:
@@ -338,6 +344,12 @@ class Tracker:
     # -- the background thread --
 
     def _run(self) -> None:
+        try:
+            self._send_until_done()
+        finally:
+            self._ended.set()
+
+    def _send_until_done(self) -> None:
         failures = 0
         while True:
             self._wake.wait()
@@ -347,18 +359,24 @@ class Tracker:
                 finished = self.outbox.send(self.rest, self.run_id or "", self.artifact_uri)
             except TrackerError as err:
                 if self.reachable is not False:
-                    log.warning("MLflow at %s is unreachable (%s); metrics wait and are sent when it answers",
-                                self.rest.uri, err)
+                    log.warning("MLflow at %s %s; metrics wait and are sent when it answers",
+                                self.rest.uri, _what_failed(err))
                 self.reachable, self.last_error = False, str(err)
+                self.credentials_refused = err.status in (401, 403)
                 delay = BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS) - 1)]
                 failures += 1
-                # A close() cuts the backoff short for a last try; new rows do not.
-                self._closing.wait(delay)
+                # Refused credentials do not change by waiting: the try after close() was the last.
+                if self._given_up.is_set() or (self._closing.is_set() and self.credentials_refused):
+                    return
+                if self._closing.is_set():
+                    self._given_up.wait(CLOSING_RETRY_SECONDS)
+                else:
+                    self._closing.wait(delay)  # a close() cuts the backoff short for its last tries; new rows do not
                 self._wake.set()
                 continue
             if self.reachable is False:
                 log.info("MLflow at %s answers again", self.rest.uri)
-            self.reachable, failures = True, 0
+            self.reachable, self.credentials_refused, failures = True, False, 0
             if finished:
                 self._done.set()
                 return
@@ -385,6 +403,15 @@ class Tracker:
             if self.run_file is not None:
                 _write_atomically(self.run_file, json.dumps({"tracking_uri": self.rest.uri, "run_id": self.run_id}))
         self._started.set()
+
+
+def _what_failed(err: TrackerError) -> str:
+    """A tracker's failure as a user acts on it: credentials refused say where credentials come from."""
+    if err.status in (401, 403):
+        return (f"refused the credentials ({err}): give the run MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN (on a cluster: the keys username and password, "
+                "or token, of spec.tracking.mlflow.credentialsSecret)")
+    return f"is unreachable ({err})"
 
 
 def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
