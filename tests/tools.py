@@ -197,7 +197,7 @@ class MLflowServer:
                 [str(self.venv / "bin" / "mlflow"), "server", "--host", self.host, "--port", str(port),
                  "--workers", "1", "--backend-store-uri", f"sqlite:///{self.directory / 'mlflow.db'}",
                  "--artifacts-destination", str(self.directory / "artifacts"), *self._auth_args()],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.directory,  # auth's db
                 env={**os.environ, "MLFLOW_TRACKING_URI": "", **self._auth_env()})
             self.uri = f"http://{self.host}:{port}"
             deadline = time.monotonic() + 300
