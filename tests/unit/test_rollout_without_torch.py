@@ -17,8 +17,9 @@ import sys
 import pytest
 import torch
 from kuberl.api.load import load_job_file
+from kuberl.operator.names import DEFAULT_TRAINER_IMAGE
 from kuberl.trainer.algorithms import algorithm_for
-from kuberl.trainer.rollout import make_env
+from kuberl.trainer.rollout import env_spaces
 from kuberl.trainer.spaces import space_info
 from tools import REPO
 
@@ -60,18 +61,31 @@ print("ok")
 def _case(example: str) -> dict:
     job = load_job_file(REPO / "examples" / example)
     spec = job.spec
-    env = make_env(spec.environment.id, spec.environment.kwargs, spec.environment.max_episode_steps)
-    info = space_info(env.observation_space, env.action_space)
-    env.close()
+    info = space_info(*env_spaces(spec.environment))
+    multi_agent = spec.environment.multi_agent
     algo = algorithm_for(spec, info, torch.device("cpu"), seed=0, total_env_steps=10_000)
     return {"name": example, "on_policy": algo.on_policy, "n_step": getattr(algo, "n_step", 1),
             "games": example.startswith("tictactoe"), "weights": algo.weights(),
             "args": {"env_id": spec.environment.id, "env_kwargs": spec.environment.kwargs, "num_envs": 2, "seed": 3,
                      "policy": algo.policy_config(), "max_episode_steps": spec.environment.max_episode_steps,
-                     "record_steps": algo.records_steps}}
+                     "record_steps": algo.records_steps,
+                     "multi_agent": None if multi_agent is None else multi_agent.model_dump()}}
 
 
-EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
+def _image(example: str) -> str | None:
+    return load_job_file(REPO / "examples" / example).spec.image
+
+
+ALL_EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
+#: An example naming its image runs it in every pod, the workers' too: not the rollout image.
+EXAMPLES = [example for example in ALL_EXAMPLES if _image(example) is None]
+
+
+def test_an_example_naming_an_image_names_the_trainer_image():
+    """Its environment needs more than the rollout image holds (MPE's pygame and SciPy): the trainer image
+    has it, so the example runs on a cluster as it is."""
+    named = {example: _image(example) for example in ALL_EXAMPLES if _image(example) is not None}
+    assert named == {"spread-ppo.yaml": DEFAULT_TRAINER_IMAGE}
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

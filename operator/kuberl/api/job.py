@@ -530,12 +530,36 @@ class AlgorithmSpec(_Model):
 # --------------------------------------------------------------------------------------------
 
 
+#: gymnasium's id syntax `module:Env-vN`, KubeRL's `module:Class` and a PettingZoo `module:factory` name code
+#: to import.
+MODULE_SEPARATOR = ":"
+
+
+class AgentPolicies(str, enum.Enum):
+    SHARED = "shared"
+
+
+class MultiAgentSpec(_Model):
+    """A PettingZoo environment, and how its agents map to policies."""
+
+    policies: AgentPolicies = Field(
+        default=AgentPolicies.SHARED,
+        description="shared: one policy acts for every agent and learns from all their steps (parameter "
+        "sharing); every agent needs the same observation and action spaces. Env steps count agent steps.")
+    agent_id_in_observation: bool = Field(
+        default=False,
+        description="Append the agent's one-hot index (in the env's possible_agents order) to its observation, so "
+        "a shared policy can act differently for each agent.")
+
+
 class EnvironmentSpec(_Model):
     id: str = Field(
         min_length=1,
         max_length=253,
         description="A gymnasium id (CartPole-v1), a KubeRL environment (kuberl/TicTacToe-v0, "
-        "kuberl/Autoscaling-v0, kuberl/AutoscalingMulti-v0) or a user class as module:Class.",
+        "kuberl/Autoscaling-v0, kuberl/AutoscalingMulti-v0), a user class as module:Class, or with multiAgent a "
+        "PettingZoo env: an id of PettingZoo's registry (butterfly/pistonball-v6) or its module and factory "
+        "(mpe2.simple_spread_v3:parallel_env).",
     )
     kwargs: JsonObject = Field(
         default_factory=dict,
@@ -545,6 +569,8 @@ class EnvironmentSpec(_Model):
     max_episode_steps: int | None = Field(
         default=None, ge=1, description="Truncate episodes at this length (overrides the registered limit)."
     )
+    multi_agent: MultiAgentSpec | None = Field(
+        default=None, description="Set for a PettingZoo environment (many agents), which id names.")
 
 
 class Resources(_Model):

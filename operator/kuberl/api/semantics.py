@@ -16,11 +16,15 @@ import json
 from importlib import resources
 from typing import Any
 
-from kuberl.api.job import ACTION_SPACES_SUPPORTED, AlgorithmName, RLTrainingJobSpec, algorithms_acting_in
+from kuberl.api.job import (
+    ACTION_SPACES_SUPPORTED,
+    MODULE_SEPARATOR,
+    AlgorithmName,
+    RLTrainingJobSpec,
+    algorithms_acting_in,
+)
 from kuberl.api.problems import Problem
 
-#: gymnasium's id syntax `module:Env-vN` and KubeRL's `module:Class` both name code to import.
-MODULE_SEPARATOR = ":"
 #: The image a job's pod runs, set by the operator in every pod it creates: a module the image lacks is
 #: reported with the image to rebuild.
 IMAGE_ENV = "KUBERL_IMAGE"
@@ -97,10 +101,11 @@ def unknown_kwargs_problem(spec: RLTrainingJobSpec, params: tuple[str, ...]) -> 
 def check_registered(spec: RLTrainingJobSpec) -> list[Problem]:
     """The operator's check: the id against the table, never importing or building anything.
 
-    A `module:...` id is left to the learner pod, which runs the full check before it trains. The
-    spaces are those at default kwargs, so with kwargs given only their names are checked here."""
+    A `module:...` id, and a PettingZoo env's (multiAgent), is left to the learner pod, which runs the
+    full check before it trains. The spaces are those at default kwargs, so with kwargs given only their
+    names are checked here."""
     env_id = spec.environment.id
-    if names_code(env_id):
+    if names_code(env_id) or spec.environment.multi_agent is not None:
         return []
     table = registered_envs()
     row = table.get(env_id)

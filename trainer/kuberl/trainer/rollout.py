@@ -31,9 +31,17 @@ def make_env(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None 
 
 
 def make_vector_env(env_id: str, kwargs: dict[str, Any], num_envs: int, max_episode_steps: int | None = None,
-                    batched: bool = True):
+                    batched: bool = True, multi_agent: dict[str, Any] | None = None):
     """`num_envs` copies stepped together: a numpy-batched implementation where KubeRL has one
-    (`envs/batched.py`; same episodes as the per-env reference), else gymnasium's SyncVectorEnv."""
+    (`envs/batched.py`; same episodes as the per-env reference), else gymnasium's SyncVectorEnv. With
+    `multi_agent` (environment.multiAgent as a dict) a PettingZoo env, one entry per agent of each copy."""
+    if multi_agent is not None:
+        from kuberl.trainer.envs.multiagent import SharedPolicyAgents
+        from kuberl.trainer.envs.resolve import resolve_agents_factory
+
+        factory = resolve_agents_factory(env_id)
+        return SharedPolicyAgents(lambda: factory(**kwargs), num_envs,
+                                  bool(multi_agent.get("agent_id_in_observation")), max_episode_steps)
     if batched:
         from kuberl.trainer.envs.batched import make_batched
 
@@ -44,6 +52,31 @@ def make_vector_env(env_id: str, kwargs: dict[str, Any], num_envs: int, max_epis
         [lambda: make_env(env_id, kwargs, max_episode_steps) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
+
+
+def probe_env(env_spec):
+    """One copy of environment spec `env_spec`'s env, to read its spaces: a gymnasium env, or for a
+    PettingZoo env its vector of agents (`policy_spaces` reads either)."""
+    if env_spec.multi_agent is not None:
+        return make_vector_env(env_spec.id, env_spec.kwargs, 1, env_spec.max_episode_steps,
+                               multi_agent=env_spec.multi_agent.model_dump())
+    return make_env(env_spec.id, env_spec.kwargs, env_spec.max_episode_steps)
+
+
+def policy_spaces(env) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) the policy acts in: the env's, or one agent's of a PettingZoo env."""
+    if hasattr(env, "single_observation_space"):
+        return env.single_observation_space, env.single_action_space
+    return env.observation_space, env.action_space
+
+
+def env_spaces(env_spec) -> tuple[gym.Space, gym.Space]:
+    """`policy_spaces` of environment spec `env_spec`'s env."""
+    env = probe_env(env_spec)
+    try:
+        return policy_spaces(env)
+    finally:
+        env.close()
 
 
 #: Evaluation episodes stepped side by side in one vector env.
@@ -95,7 +128,8 @@ class RolloutWorker:
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, seed: int,
                  policy: dict[str, Any], max_episode_steps: int | None = None, worker_index: int = 0,
-                 record_steps: bool = False):
+                 record_steps: bool = False, multi_agent: dict[str, Any] | None = None):
+        from kuberl.trainer.envs.multiagent import MultiAgentEnvError
         from kuberl.trainer.envs.resolve import EnvNotFound
 
         self.worker_index = worker_index
@@ -104,8 +138,8 @@ class RolloutWorker:
         #: replaced by one that dies the same way, again and again.
         self.env_problem: str | None = None
         try:
-            env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps)
-        except EnvNotFound as err:
+            env = make_vector_env(env_id, env_kwargs, num_envs, max_episode_steps, multi_agent=multi_agent)
+        except (EnvNotFound, MultiAgentEnvError) as err:
             self.env_problem = str(err)
             return
         self.info = space_info(env.single_observation_space, env.single_action_space)
@@ -114,7 +148,8 @@ class RolloutWorker:
         self.weights_version = -1
         self.sampler = Sampler(env, self.info, [seed * 10_007 + worker_index * 1_000 + i for i in range(num_envs)],
                                record_steps)
-        self.evaluator = GreedyEvaluator(env_id, env_kwargs, max_episode_steps, self.info, env.single_observation_space)
+        self.evaluator = GreedyEvaluator(env_id, env_kwargs, max_episode_steps, self.info, env.single_observation_space,
+                                         multi_agent)
         self.node = _ray_node_id()
         self._last_end: float | None = None  # end of the previous sample call: the gap is time spent waiting
         self.hooks: list = []  # callables(worker) run after weights change (e.g. self-play opponent refresh)
@@ -200,10 +235,11 @@ class _Episodes:
         self.returns: list[float] = []
         self.lengths: list[int] = []
 
-    def step(self, reward: np.ndarray, done: np.ndarray) -> np.ndarray | None:
-        """Adds one step; returns the envs whose episode ended with it (None when none did)."""
+    def step(self, reward: np.ndarray, done: np.ndarray, acted: np.ndarray | None = None) -> np.ndarray | None:
+        """Adds one step (of the entries that `acted`, where some did not: agents gone before the others);
+        returns the envs whose episode ended with it (None when none did)."""
         self.running_return += reward
-        self.running_length += 1
+        self.running_length += 1 if acted is None else acted
         if not done.any():
             return None
         ended = np.nonzero(done)[0]
@@ -229,12 +265,14 @@ class Sampler:
         self.env, self.info = env, info
         # Off-policy batches also carry per-step records (the preference head's segments): preferences/steps.py
         self.recorder = StepRecorder() if record_steps else None
-        self.num_envs = len(seeds)
+        self.num_envs = env.num_envs  # a PettingZoo env: an entry per agent of each of len(seeds) copies
         self.obs_space = env.single_observation_space
         raw_obs, reset_info = env.reset(seed=seeds)
         self.obs = flatten_obs(self.obs_space, raw_obs, self.num_envs)
         n_act = info.action_dims[0] if info.action_kind == "Discrete" else 0
         self.mask = _masks(reset_info, self.num_envs, n_act) if n_act else None
+        #: Which entries act in the next step (None: all, always); a PettingZoo env's agents can leave early.
+        self.alive: np.ndarray | None = reset_info.get("alive")
         self.episodes = _Episodes(self.num_envs)
         self.env_steps = 0
         self._nstep: _NStepAccumulator | None = None
@@ -243,9 +281,10 @@ class Sampler:
         """[num_steps, num_envs] trajectories of the stochastic policy. Rewards of truncated episodes
         get gamma * V(final obs) folded in, so time limits are not treated as terminal."""
         n, info = self.num_envs, self.info
-        batch = _onpolicy_arrays(info, num_steps, n, masked=self.mask is not None)
+        batch = _onpolicy_arrays(info, num_steps, n, masked=self.mask is not None, alive=self.alive is not None)
         mask_buf = batch.get("masks")
         for t in range(num_steps):
+            acted = self.alive
             batch["obs"][t] = self.obs
             if mask_buf is not None:
                 mask_buf[t] = self.mask
@@ -256,20 +295,25 @@ class Sampler:
             raw_obs, reward, terminated, truncated, step_info = self.env.step(_env_actions(info, actions))
             reward = np.asarray(reward, dtype=np.float64)
             done = terminated | truncated
-            self.episodes.step(reward, done)
+            self.episodes.step(reward, done, acted)
             if truncated.any():
                 idx = np.nonzero(truncated & ~terminated)[0]
                 if len(idx):
                     reward = reward.copy()
                     reward[idx] += gamma * policy.value(_final_obs(self.obs_space, step_info, idx))
             batch["rewards"][t] = reward
-            batch["dones"][t] = done
+            if acted is None:
+                batch["dones"][t] = done
+            else:  # a step an agent sat out: its own one-step episode, cut from its neighbours, then left out
+                batch["dones"][t] = done | ~acted
+                batch["alive"][t], self.alive = acted, step_info["alive"]
             self.obs = flatten_obs(self.obs_space, raw_obs, n)
             if self.mask is not None:
                 self.mask = _masks(step_info, n, info.action_dims[0])
-        self.env_steps += num_steps * n
+        steps = num_steps * n if "alive" not in batch else int(batch["alive"].sum())
+        self.env_steps += steps
         batch["last_values"] = policy.value(self.obs).astype(np.float32)
-        return {**batch, **self.episodes.drain(), "env_steps": num_steps * n}
+        return {**batch, **self.episodes.drain(), "env_steps": steps}
 
     def offpolicy(self, policy, rng: np.random.Generator, num_steps: int, epsilon: float, gamma: float,
                   n_step: int) -> dict[str, Any]:
@@ -278,12 +322,15 @@ class Sampler:
         if self._nstep is None or self._nstep.n != n_step or self._nstep.gamma != gamma:
             self._nstep = _NStepAccumulator(n_step, gamma, self.num_envs)
         n, info, transitions = self.num_envs, self.info, self._nstep
+        steps_taken = 0
         for _ in range(num_steps):
+            acted = self.alive
+            steps_taken += n if acted is None else int(acted.sum())
             actions = policy.act(rng, self.obs, self.mask, epsilon=epsilon)
             raw_obs, reward, terminated, truncated, step_info = self.env.step(_env_actions(info, actions))
             reward = np.asarray(reward, dtype=np.float64)
             done = terminated | truncated
-            ended = self.episodes.step(reward, done)
+            ended = self.episodes.step(reward, done, acted)
             next_obs = flatten_obs(self.obs_space, raw_obs, n)
             next_mask = _masks(step_info, n, info.action_dims[0]) if self.mask is not None else None
             # For envs whose episode ended, the transition's successor is the final observation.
@@ -294,16 +341,19 @@ class Sampler:
                 if next_mask is not None:
                     succ_mask = next_mask.copy()
                     succ_mask[ended] = _final_mask(step_info, ended, next_mask.shape[1])
-            transitions.add(self.obs, actions, reward, succ_obs, terminated, done, succ_mask)
+            transitions.add(self.obs, actions, reward, succ_obs, terminated, done, succ_mask, acted)
             if self.recorder is not None:
                 self.recorder.add(self.obs, actions, reward, step_info, ended)
             self.obs, self.mask = next_obs, next_mask
-        self.env_steps += num_steps * n
+            if acted is not None:
+                self.alive = step_info["alive"]
+        self.env_steps += steps_taken
         steps = {} if self.recorder is None else {"steps": self.recorder.drain()}
-        return {**transitions.drain(), **self.episodes.drain(), "env_steps": num_steps * n, **steps}
+        return {**transitions.drain(), **self.episodes.drain(), "env_steps": steps_taken, **steps}
 
 
-def _onpolicy_arrays(info: SpaceInfo, num_steps: int, n: int, masked: bool) -> dict[str, np.ndarray]:
+def _onpolicy_arrays(info: SpaceInfo, num_steps: int, n: int, masked: bool, alive: bool = False
+                     ) -> dict[str, np.ndarray]:
     """Empty [num_steps, n, ...] arrays for one on-policy batch."""
     if info.action_kind == "Discrete":
         act_shape: tuple[int, ...] = ()
@@ -321,6 +371,8 @@ def _onpolicy_arrays(info: SpaceInfo, num_steps: int, n: int, masked: bool) -> d
     }
     if masked:
         arrays["masks"] = np.empty((num_steps, n, info.action_dims[0]), bool)
+    if alive:  # which steps an agent acted in: PPO learns from those only
+        arrays["alive"] = np.empty((num_steps, n), bool)
     return arrays
 
 
@@ -329,20 +381,22 @@ class GreedyEvaluator:
     overridable): the worker's training envs keep their episodes."""
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], max_episode_steps: int | None, info: SpaceInfo,
-                 obs_space: gym.Space):
+                 obs_space: gym.Space, multi_agent: dict[str, Any] | None = None):
         self.env_id, self.env_kwargs, self.max_episode_steps = env_id, env_kwargs, max_episode_steps
-        self.info, self.obs_space = info, obs_space
+        self.info, self.obs_space, self.multi_agent = info, obs_space, multi_agent
 
     def episodes(self, policy, seeds: list[int], env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         """The episodes run side by side in a vector env (one env per seed, `EVAL_CHUNK` at a time, one
         batched forward pass per step); each env is reset with its own seed, so an episode is the one
-        a lone env reset with that seed plays."""
+        a lone env reset with that seed plays. A PettingZoo env's episodes are its agents': one per agent
+        of each seed's copy."""
         kwargs = {**self.env_kwargs, **(env_kwargs or {})}
         returns: list[float] = []
         lengths: list[int] = []
         for start in range(0, len(seeds), EVAL_CHUNK):
             chunk = [int(s) for s in seeds[start:start + EVAL_CHUNK]]
-            env = make_vector_env(self.env_id, kwargs, len(chunk), self.max_episode_steps)
+            env = make_vector_env(self.env_id, kwargs, len(chunk), self.max_episode_steps,
+                                  multi_agent=self.multi_agent)
             try:
                 r, n = self._play_side_by_side(policy, env, chunk)
             finally:
@@ -352,12 +406,14 @@ class GreedyEvaluator:
         return {"returns": returns, "lengths": lengths}
 
     def _play_side_by_side(self, policy, env, seeds: list[int]) -> tuple[list[float], list[int]]:
-        n = len(seeds)
+        n = env.num_envs
         n_act = self.info.action_dims[0] if self.info.action_kind == "Discrete" else 0
         raw, info = env.reset(seed=seeds)
         total = np.zeros(n)
         steps = np.zeros(n, np.int64)
-        running = np.ones(n, bool)
+        # An agent absent from its copy's start plays no episode there.
+        playing = np.asarray(info.get("alive", np.ones(n, bool)), bool)
+        running = playing.copy()
         while running.any():
             obs = flatten_obs(self.obs_space, raw, n)
             mask = _masks(info, n, n_act) if n_act else None
@@ -367,7 +423,7 @@ class GreedyEvaluator:
             total += np.where(running, np.asarray(reward, np.float64), 0.0)
             steps += running
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
-        return [float(x) for x in total], [int(x) for x in steps]
+        return [float(x) for x in total[playing]], [int(x) for x in steps[playing]]
 
 
 def _ray_node_id() -> str:
@@ -426,7 +482,16 @@ class _NStepAccumulator:
         self.out["next_masks"].append(next_mask)
         self.pending[env].pop(0)
 
-    def add(self, obs, actions, rewards, next_obs, terminated, done, next_mask) -> None:
+    def add(self, obs, actions, rewards, next_obs, terminated, done, next_mask, acted=None) -> None:
+        """One vector step; `acted` (None: all) the entries whose agents acted in it: only theirs are transitions."""
+        if acted is not None and not acted.all():
+            keep = np.nonzero(acted)[0]
+            if self.n > 1:
+                self._add_per_env(obs, actions, rewards, next_obs, terminated, done, next_mask, keep)
+                return
+            obs, actions, rewards, next_obs, terminated = (np.asarray(a)[keep] for a in
+                                                           (obs, actions, rewards, next_obs, terminated))
+            next_mask = None if next_mask is None else np.asarray(next_mask)[keep]
         if self.n == 1:  # every env emits its 1-step transition now: whole arrays, no per-env Python
             self.steps.append((np.array(obs, np.float32), np.array(actions), np.asarray(rewards, np.float32),
                                np.array(next_obs, np.float32), np.asarray(terminated, np.float32),
@@ -434,8 +499,8 @@ class _NStepAccumulator:
             return
         self._add_per_env(obs, actions, rewards, next_obs, terminated, done, next_mask)
 
-    def _add_per_env(self, obs, actions, rewards, next_obs, terminated, done, next_mask) -> None:
-        for e in range(self.num_envs):
+    def _add_per_env(self, obs, actions, rewards, next_obs, terminated, done, next_mask, envs=None) -> None:
+        for e in range(self.num_envs) if envs is None else envs:
             self.pending[e].append((obs[e], actions[e], float(rewards[e])))
             nm = None if next_mask is None else next_mask[e]
             if done[e]:

@@ -246,6 +246,7 @@ def _start(run: _Run, builder: _Background, timeline: Timeline) -> tuple[Loop, f
         "env_id": env_spec.id, "env_kwargs": env_spec.kwargs, "num_envs": spec.rollout_workers.envs_per_worker,
         "policy": algo.policy_config(), "max_episode_steps": env_spec.max_episode_steps,
         "record_steps": algo.records_steps,
+        "multi_agent": None if env_spec.multi_agent is None else env_spec.multi_agent.model_dump(),
     }
     algo.attach_run_dir(run.run_dir)
     run.workers = WorkerSet(worker_args, None if run.cluster else run.replicas, run.cluster,
@@ -350,7 +351,7 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
 
     from kuberl.trainer import checkpoint as ckpt
     from kuberl.trainer.algorithms import algorithm_for
-    from kuberl.trainer.rollout import make_env
+    from kuberl.trainer.rollout import env_spaces
     from kuberl.trainer.spaces import space_info
     from kuberl.trainer.threads import container_cpus, size_threads
 
@@ -366,10 +367,7 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
         torch.set_num_threads(max(1, ((os.cpu_count() or 1) - replicas) // spec.learner.replicas))
     log.info("torch threads: %d (container CPUs: %d)", torch.get_num_threads(), container_cpus())
     torch.manual_seed(spec.seed)
-    env_spec = spec.environment
-    probe = make_env(env_spec.id, env_spec.kwargs, env_spec.max_episode_steps)
-    info = space_info(probe.observation_space, probe.action_space)
-    probe.close()
+    info = space_info(*env_spaces(spec.environment))
     algo = algorithm_for(spec, info, device, spec.seed, spec.stopping.max_env_steps)
     counters = Counters()
     recent_returns: collections.deque[float] = collections.deque(maxlen=spec.stopping.return_window)

@@ -68,14 +68,16 @@ class PPO(Algorithm):
         for b in batches:
             adv, ret = compute_gae(b["rewards"], b["values"], b["dones"], b["last_values"], cfg.gamma, cfg.gae_lambda)
             flat = b["obs"].shape[0] * b["obs"].shape[1]
-            parts["obs"].append(b["obs"].reshape(flat, -1))
-            parts["actions"].append(b["actions"].reshape(flat, *b["actions"].shape[2:]))
-            parts["logprobs"].append(b["logprobs"].reshape(flat))
-            parts["advantages"].append(adv.reshape(flat))
-            parts["returns"].append(ret.reshape(flat))
-            parts["values"].append(b["values"].reshape(flat))
+            # Steps an agent sat out (gone before the others) are cut off as episodes of their own: left out.
+            keep = slice(None) if "alive" not in b else b["alive"].reshape(flat)
+            parts["obs"].append(b["obs"].reshape(flat, -1)[keep])
+            parts["actions"].append(b["actions"].reshape(flat, *b["actions"].shape[2:])[keep])
+            parts["logprobs"].append(b["logprobs"].reshape(flat)[keep])
+            parts["advantages"].append(adv.reshape(flat)[keep])
+            parts["returns"].append(ret.reshape(flat)[keep])
+            parts["values"].append(b["values"].reshape(flat)[keep])
             if "masks" in b:
-                parts["masks"].append(b["masks"].reshape(flat, -1))
+                parts["masks"].append(b["masks"].reshape(flat, -1)[keep])
         data = {k: torch.as_tensor(np.concatenate(v), device=self.device) for k, v in parts.items() if v}
 
         # 2. Minibatch epochs.

@@ -11,6 +11,8 @@ A `module:Name` id imports `module` (the user's own code, in the user's own proc
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 import inspect
 import os
@@ -54,6 +56,35 @@ def resolve_env_factory(env_id: str) -> EnvFactory:
     return _maker(env_id)
 
 
+def resolve_agents_factory(env_id: str) -> Callable[..., Any]:
+    """A PettingZoo env (environment.multiAgent): an id of PettingZoo's registry (its parallel version where
+    it has one), or `module:factory`, the module imported and `factory` one of its callables (PettingZoo's
+    `parallel_env` or `env`, or a class). What either returns is checked when called
+    (kuberl.trainer.envs.multiagent.as_parallel)."""
+    module_name, separator, name = env_id.partition(MODULE_SEPARATOR)
+    if not separator:
+        import pettingzoo
+
+        for kind, registry in (("parallel", pettingzoo.parallel_registry), ("aec", pettingzoo.aec_registry)):
+            if env_id in registry:
+                return functools.partial(pettingzoo.make, kind, env_id)
+        known = sorted(set(pettingzoo.parallel_registry) | set(pettingzoo.aec_registry))
+        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise EnvNotFound(f"{env_id!r} is not in PettingZoo's registry{hint}: name one of its ids, or a PettingZoo "
+                          "env's module and factory (e.g. mpe2.simple_spread_v3:parallel_env)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvNotFound(f"cannot import the environment's module {module_name!r} ({err}) "
+                          f"{_where_to_install()}") from None
+    target = getattr(module, name, None)
+    if not callable(target):
+        raise EnvNotFound(f"module {module_name!r} has no callable {name!r}: module:factory names the PettingZoo "
+                          "env's parallel_env (or env)")
+    return target
+
+
 def _where_to_install() -> str:
     """Where the missing module must be installed: the pod's image (named), or this Python."""
     image = os.environ.get(IMAGE_ENV)
@@ -78,6 +109,8 @@ def describe_space(space: gym.Space) -> SpaceInfo:
 
 def check_environment(spec: RLTrainingJobSpec) -> list[Problem]:
     """The full check: resolve the id, build the env with its kwargs, and apply the space rules."""
+    if spec.environment.multi_agent is not None:
+        return _check_agents(spec)
     env_id = spec.environment.id
     try:
         factory = resolve_env_factory(env_id)
@@ -88,11 +121,38 @@ def check_environment(spec: RLTrainingJobSpec) -> list[Problem]:
     try:
         env = factory(**spec.environment.kwargs)
     except Exception as err:  # noqa: BLE001 - any refusal by the constructor is about the kwargs
-        why = str(err) if isinstance(err, (TypeError, ValueError)) else f"{type(err).__name__}: {err}"
-        why = why if len(why) <= 500 else why[:500] + "..."  # a message may quote all of a huge kwargs
-        return [Problem("spec.environment.kwargs", f"the environment rejected its kwargs: {why}",
-                        spec.environment.kwargs)]
+        return [_kwargs_problem(spec, err)]
     try:
         return check_spaces(spec, describe_space(env.action_space), describe_space(env.observation_space))
+    finally:
+        env.close()
+
+
+def _kwargs_problem(spec: RLTrainingJobSpec, err: Exception) -> Problem:
+    why = str(err) if isinstance(err, (TypeError, ValueError)) else f"{type(err).__name__}: {err}"
+    why = why if len(why) <= 500 else why[:500] + "..."  # a message may quote all of a huge kwargs
+    return Problem("spec.environment.kwargs", f"the environment rejected its kwargs: {why}", spec.environment.kwargs)
+
+
+def _check_agents(spec: RLTrainingJobSpec) -> list[Problem]:
+    """A PettingZoo env: importable, a PettingZoo env its agents can share a policy in, then the space rules
+    on one agent's spaces."""
+    from kuberl.trainer.envs.multiagent import MultiAgentEnvError, SharedPolicyAgents
+
+    env_spec = spec.environment
+    try:
+        factory = resolve_agents_factory(env_spec.id)
+    except EnvNotFound as err:
+        return [Problem("spec.environment.id", f"cannot use the environment: {err}", env_spec.id)]
+    try:
+        env = SharedPolicyAgents(lambda: factory(**env_spec.kwargs), 1,
+                                 env_spec.multi_agent.agent_id_in_observation, env_spec.max_episode_steps)
+    except MultiAgentEnvError as err:
+        return [Problem(err.field, str(err), env_spec.id)]
+    except Exception as err:  # noqa: BLE001 - any refusal by the constructor is about the kwargs
+        return [_kwargs_problem(spec, err)]
+    try:
+        return check_spaces(spec, describe_space(env.single_action_space),
+                            describe_space(env.single_observation_space))
     finally:
         env.close()

@@ -55,7 +55,7 @@ def load_run(run_dir: Path):
     from kuberl.api.load import InvalidJob, load_job_file
     from kuberl.trainer import checkpoint as ckpt
     from kuberl.trainer.algorithms import algorithm_for
-    from kuberl.trainer.rollout import make_env
+    from kuberl.trainer.rollout import policy_spaces, probe_env
     from kuberl.trainer.spaces import space_info
 
     job_file = run_dir / "job.yaml"
@@ -70,8 +70,8 @@ def load_run(run_dir: Path):
         raise ExportError(f"{run_dir / 'checkpoints'} holds no loadable checkpoint (ckpt-*.pt)")
     path, state = loaded
     spec = job.spec
-    env = make_env(spec.environment.id, spec.environment.kwargs, spec.environment.max_episode_steps)
-    info = space_info(env.observation_space, env.action_space)
+    env = probe_env(spec.environment)  # a PettingZoo env's shared policy acts for one agent: its spaces
+    info = space_info(*policy_spaces(env))
     algo = algorithm_for(spec, info, torch.device("cpu"), spec.seed, spec.stopping.max_env_steps)
     algo.load_state_dict(state["algorithm"])
     return job, algo, env, path, state
@@ -84,15 +84,18 @@ def build_artifact(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, np.nd
 
 
 def _build(run_dir: Path):
+    from kuberl.trainer.rollout import policy_spaces
+
     job, algo, env, path, state = load_run(run_dir)
     try:
         _, reset_info = env.reset(seed=0)
         masked = "action_mask" in reset_info and algo.info.action_kind == "Discrete"
-        names = getattr(env.unwrapped, "observation_names", None)
-        observation = describe_space(env.observation_space)
+        names = getattr(getattr(env, "unwrapped", env), "observation_names", None)
+        obs_space, action_space = policy_spaces(env)
+        observation = describe_space(obs_space)
         if names is not None and observation["type"] == "Box" and len(names) == observation["shape"][0]:
             observation["names"] = list(names)
-        action = describe_space(env.action_space)
+        action = describe_space(action_space)
     finally:
         env.close()
     weights = {k: np.ascontiguousarray(v) for k, v in algo.weights().items()}

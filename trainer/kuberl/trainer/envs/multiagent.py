@@ -1,0 +1,218 @@
+"""PettingZoo environments as the rollout workers' vector env: each agent of each copy is one entry.
+
+A shared policy (parameter sharing) acts for every agent, so `copies` copies of an env with `n`
+agents step as one gymnasium-style vector env of `copies * n` entries, ordered copy by copy and,
+within a copy, in the env's `possible_agents` order. The samplers, PPO's advantages and DQN's
+replay then treat an agent's steps as they treat an env's: an agent's episode is its steps from the
+copy's reset to its own end.
+
+PettingZoo lets agents leave before the others (an agent killed in a battle). An entry whose agent
+has gone is not alive until its copy resets: `info["alive"]` says which entries' agents act this
+step; the sampler neither counts nor trains on the others. A copy resets when its last agent ends,
+or at `max_episode_steps` (every agent still in it truncated), in the same step, as gymnasium's
+`AutoresetMode.SAME_STEP` does: an ended agent's last observation is in `info["final_obs"]`.
+
+An AEC env is taken through PettingZoo's own `aec_to_parallel`, which refuses one whose agents do not
+all act before the env updates (a turn-based game); its message is passed on. An env whose agents
+differ in their spaces cannot share one policy, and is refused naming the agents and their spaces.
+
+Imports numpy and gymnasium here, PettingZoo when an env is built: rollout workers never load torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+#: A classic PettingZoo env's observation: a dict of these two keys (the legal moves as a 0/1 vector).
+OBSERVATION, ACTION_MASK = "observation", "action_mask"
+
+
+class MultiAgentEnvError(ValueError):
+    """The PettingZoo env cannot be trained with one shared policy, and why; `field`: the job's field to change."""
+
+    def __init__(self, message: str, field: str = "spec.environment.id"):
+        super().__init__(message)
+        self.field = field
+
+
+def as_parallel(env: Any) -> Any:
+    """A PettingZoo parallel env from what a factory returned: parallel as is, AEC through PettingZoo's
+    conversion; anything else refused."""
+    from pettingzoo import AECEnv, ParallelEnv
+    from pettingzoo.utils.conversions import aec_to_parallel
+
+    if isinstance(env, ParallelEnv):
+        return env
+    if isinstance(env, AECEnv):
+        try:
+            return aec_to_parallel(env)
+        except AssertionError as err:  # PettingZoo's own refusal of a turn-based env
+            raise MultiAgentEnvError(f"PettingZoo cannot run this AEC env in parallel: {err}") from None
+    raise MultiAgentEnvError(f"environment.multiAgent needs a PettingZoo env, and the factory returned a "
+                             f"{type(env).__name__}: name the env module's parallel_env (or env) as module:factory")
+
+
+class _Encoding:
+    """How one agent's observation becomes a float row: a Box flattened, a Discrete one-hot, the legal-move
+    mask of a classic env's dict taken out, and the agent's one-hot index appended when asked."""
+
+    def __init__(self, obs_space: gym.Space, n_agents: int, agent_id: bool):
+        self.masked = isinstance(obs_space, gym.spaces.Dict) and set(obs_space.spaces) == {OBSERVATION, ACTION_MASK}
+        inner = obs_space[OBSERVATION] if self.masked else obs_space
+        self.one_hot = int(inner.n) if isinstance(inner, gym.spaces.Discrete) else 0
+        if isinstance(inner, gym.spaces.Discrete):
+            low, high = np.zeros(self.one_hot, np.float32), np.ones(self.one_hot, np.float32)
+        elif isinstance(inner, gym.spaces.Box):
+            low, high = np.asarray(inner.low, np.float32).ravel(), np.asarray(inner.high, np.float32).ravel()
+        else:
+            raise MultiAgentEnvError(f"an agent's observation space is {inner}; KubeRL takes a Box or a Discrete (or "
+                                     f"a dict of '{OBSERVATION}' as one of those and '{ACTION_MASK}')")
+        self.n_agents, self.agent_id = n_agents, agent_id
+        if agent_id:
+            low, high = np.concatenate([low, np.zeros(n_agents, np.float32)]), \
+                np.concatenate([high, np.ones(n_agents, np.float32)])
+        self.space = gym.spaces.Box(low, high, dtype=np.float32)
+        self.width = int(low.size)
+
+    def row(self, obs: Any, index: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the agent's observation row, its legal-move mask or None)."""
+        mask = None
+        if self.masked:
+            obs, mask = obs[OBSERVATION], np.asarray(obs[ACTION_MASK], bool)
+        flat = np.eye(self.one_hot, dtype=np.float32)[int(obs)] if self.one_hot else np.asarray(obs, np.float32).ravel()
+        if self.agent_id:
+            flat = np.concatenate([flat, np.eye(self.n_agents, dtype=np.float32)[index]])
+        return flat, mask
+
+
+class SharedPolicyAgents:
+    """`copies` copies of a PettingZoo parallel env as one vector env of agents (see the module's text).
+
+    Takes the vector env's calls the samplers make: reset(seed=[one per copy]), step(actions) with one
+    action per entry, close(); `single_observation_space`, `single_action_space`, `num_envs`.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, make: Callable[[], Any], copies: int, agent_id_in_observation: bool = False,
+                 max_episode_steps: int | None = None):
+        self.envs = [as_parallel(make()) for _ in range(copies)]
+        first = self.envs[0]
+        self.agents = list(first.possible_agents)
+        if not self.agents:
+            raise MultiAgentEnvError("the env has no possible_agents")
+        _same_spaces(first, self.agents)
+        self.encoding = _Encoding(first.observation_space(self.agents[0]), len(self.agents), agent_id_in_observation)
+        self.single_observation_space = self.encoding.space
+        self.single_action_space = first.action_space(self.agents[0])
+        self.n_agents, self.copies = len(self.agents), copies
+        self.num_envs = copies * self.n_agents
+        self.max_episode_steps = max_episode_steps
+        self.steps = np.zeros(copies, np.int64)
+        self.obs = np.zeros((self.num_envs, self.encoding.width), np.float32)
+        self.alive = np.zeros(self.num_envs, bool)
+        n_actions = int(self.single_action_space.n) if isinstance(self.single_action_space, gym.spaces.Discrete) else 0
+        self.masks = np.ones((self.num_envs, n_actions), bool) if self.encoding.masked else None
+
+    def _entries(self, copy: int) -> range:
+        return range(copy * self.n_agents, (copy + 1) * self.n_agents)
+
+    def _take(self, copy: int, observations: dict[str, Any]) -> None:
+        """A copy's observations after its reset: every agent in them alive, the others not."""
+        for i, slot in enumerate(self._entries(copy)):
+            agent = self.agents[i]
+            self.alive[slot] = agent in observations
+            if agent in observations:
+                self._set_obs(slot, observations[agent], i)
+            else:
+                self.obs[slot] = 0.0
+        self.steps[copy] = 0
+
+    def _set_obs(self, slot: int, obs: Any, index: int) -> None:
+        row, mask = self.encoding.row(obs, index)
+        self.obs[slot] = row
+        if self.masks is not None:
+            self.masks[slot] = mask if mask is not None and mask.any() else True
+
+    def _info(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        info: dict[str, Any] = {"alive": self.alive.copy()}
+        if self.masks is not None:
+            info["action_mask"] = self.masks.copy()
+        return {**info, **(extra or {})}
+
+    def reset(self, *, seed: list[int] | int | None = None, options: dict | None = None):
+        seeds = seed if isinstance(seed, list) else [None if seed is None else seed + c for c in range(self.copies)]
+        for copy, env in enumerate(self.envs):
+            observations, _ = env.reset(seed=seeds[copy], options=options)
+            self._unknown_agents(observations)
+            self._take(copy, observations)
+        return self.obs.copy(), self._info()
+
+    def step(self, actions: np.ndarray):
+        rewards = np.zeros(self.num_envs, np.float64)
+        terminated = np.zeros(self.num_envs, bool)
+        truncated = np.zeros(self.num_envs, bool)
+        ended = np.zeros(self.num_envs, bool)
+        final_obs = np.empty(self.num_envs, dtype=object)
+        final_masks = None if self.masks is None else self.masks.copy()
+        acting = self.alive.copy()  # the entries whose agents act in this step: info["alive"] of the last call
+        for copy, env in enumerate(self.envs):
+            slots = self._entries(copy)
+            moves = {self.agents[i]: actions[slot] for i, slot in enumerate(slots) if acting[slot]}
+            observations, reward, term, trunc, _ = env.step(moves)
+            self._unknown_agents(observations)
+            self.steps[copy] += 1
+            out_of_time = self.max_episode_steps is not None and self.steps[copy] >= self.max_episode_steps
+            still_in = set(env.agents)
+            for i, slot in enumerate(slots):
+                agent = self.agents[i]
+                if not acting[slot]:
+                    continue
+                rewards[slot] = float(reward.get(agent, 0.0))
+                if agent in observations:
+                    self._set_obs(slot, observations[agent], i)
+                terminated[slot] = bool(term.get(agent, False))
+                # An agent the env dropped without a word ends as truncated, as one out of time does.
+                truncated[slot] = not terminated[slot] and (bool(trunc.get(agent, False)) or out_of_time
+                                                             or agent not in still_in)
+                if terminated[slot] or truncated[slot]:
+                    ended[slot], final_obs[slot], self.alive[slot] = True, self.obs[slot].copy(), False
+                    if final_masks is not None:
+                        final_masks[slot] = self.masks[slot]
+            if not self.alive[slots.start:slots.stop].any():
+                observations, _ = env.reset()
+                self._unknown_agents(observations)
+                self._take(copy, observations)
+        extra: dict[str, Any] = {}
+        if ended.any():
+            extra.update({"final_obs": final_obs, "_final_obs": ended})
+            if final_masks is not None:
+                extra["final_info"] = {ACTION_MASK: final_masks}
+        return self.obs.copy(), rewards, terminated, truncated, self._info(extra)
+
+    def _unknown_agents(self, observations: dict[str, Any]) -> None:
+        unknown = set(observations) - set(self.agents)
+        if unknown:
+            raise MultiAgentEnvError(f"agents {sorted(unknown)} are not in the env's possible_agents "
+                                     f"{self.agents}: KubeRL needs every agent listed there from the start")
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _same_spaces(env: Any, agents: list[str]) -> None:
+    """One policy acts for every agent: every agent must see and act in the same spaces."""
+    first = agents[0]
+    for agent in agents[1:]:
+        for what, space in (("observation", env.observation_space), ("action", env.action_space)):
+            if space(agent) != space(first):
+                raise MultiAgentEnvError(
+                    f"agents {first!r} and {agent!r} have different {what} spaces ({space(first)} and "
+                    f"{space(agent)}): one shared policy (environment.multiAgent.policies: shared) needs one "
+                    "observation and one action space for every agent", "spec.environment.multiAgent.policies")
