@@ -30,6 +30,8 @@ from bed.cluster_bed import OneNodeCluster, bed_for_tests
 from bed.common import wait_until
 from tools import file_lock
 
+from kuberl.operator.names import DEFAULT_TRAINER_IMAGE
+
 REPO = Path(__file__).resolve().parents[2]
 NS = "ml-jobs"
 
@@ -335,6 +337,26 @@ def test_sac_from_its_example_trains_pendulum_to_complete_on_the_cluster(bed):
     assert progress["envSteps"] >= 1024 and progress["gradientUpdates"] >= 1024 - 2 * 256, status
     assert -2000 < status["evaluation"]["deterministic"]["meanReturn"] < 0, status  # Pendulum's range
     delete_and_check_nothing_left(bed, "pendulum-sac")
+
+
+def test_many_agents_from_the_spread_example_train_to_complete_on_the_cluster(bed):
+    """PettingZoo on the cluster: every pod runs the trainer image the example names (MPE needs more than the
+    rollout image holds), each rollout worker pod steps a vector of agents with the shared numpy policy, and
+    the learner's figures count agent steps and agent episodes."""
+    job = example("spread-ppo.yaml", **{"stopping": {"maxEnvSteps": 6_000}, "evaluation": {"episodes": 2}})
+    apply(bed, job)
+    selector = "kuberl.dev/job-name=spread-ppo"
+    pods = wait_until(lambda: (found := bed.cluster.list("pods", NS, label_selector=selector)) if len(found) == 4
+                      else None, 120, 0.2, "the head, the learner and the two workers of spread-ppo")
+    assert {c["image"] for pod in pods for c in pod["spec"]["containers"]} == {DEFAULT_TRAINER_IMAGE}, pods
+    wait_complete(bed, "spread-ppo", 600)
+    status = learner_figures(bed, "spread-ppo")
+    progress = status["progress"]
+    # Three agents, 25 steps an episode: an agent's episode is 25 of its steps.
+    assert progress["envSteps"] >= 6_000 and progress["episodes"] * 25 <= progress["envSteps"], status
+    # simple_spread pays an agent minus the landmarks' distances each step: 25 steps of it, below 0.
+    assert -100 < status["evaluation"]["deterministic"]["meanReturn"] < 0, status
+    delete_and_check_nothing_left(bed, "spread-ppo")
 
 
 def test_bdq_preference_pairs_from_a_config_map_reach_the_learner(bed):
