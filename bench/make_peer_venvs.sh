@@ -2,7 +2,7 @@
 # Creates the peers' virtualenvs for bench/bench_cartpole.py, outside the project's dependencies,
 # under $KUBERL_BENCH_VENVS (default bench/.venvs, gitignored):
 #   sb3    stable-baselines3==2.9.2 + gymnasium
-#   rllib  ray[rllib]==2.60.0 + gymnasium
+#   rllib  ray[rllib]==2.60.0 + gymnasium, and PettingZoo with MPE (mpe2) for bench/bench_multiagent.py
 # Both share the main venv's torch==2.13.0 (KUBERL_VENV, default .venv; made by scripts/setup-venv)
 # instead of holding a copy each: with PyPI's CUDA build that is 5 GB a venv. The share is a folder
 # of links to torch and what it needs in the main venv's site-packages (torch-VERSION-shared/),
@@ -82,7 +82,7 @@ make_venv() {  # name, peer requirements...
 for t in "${targets[@]}"; do
   case $t in
     sb3) make_venv sb3 stable-baselines3==2.9.2 gymnasium ;;
-    rllib) make_venv rllib "ray[rllib]==2.60.0" gymnasium ;;
+    rllib) make_venv rllib "ray[rllib]==2.60.0" gymnasium pettingzoo==1.27.0 mpe2==1.1.1 ;;
     *) echo "unknown peer $t (sb3 | rllib)" >&2; exit 2 ;;
   esac
 done

@@ -345,9 +345,11 @@ def test_many_agents_from_the_spread_example_train_to_complete_on_the_cluster(be
     the learner's figures count agent steps and agent episodes."""
     job = example("spread-ppo.yaml", **{"stopping": {"maxEnvSteps": 6_000}, "evaluation": {"episodes": 2}})
     apply(bed, job)
-    selector = "kuberl.dev/job-name=spread-ppo"
-    pods = wait_until(lambda: (found := bed.cluster.list("pods", NS, label_selector=selector)) if len(found) == 4
-                      else None, 120, 0.2, "the head, the learner and the two workers of spread-ppo")
+    def all_four() -> list[dict] | None:
+        found = bed.cluster.list("pods", NS, label_selector="kuberl.dev/job-name=spread-ppo")
+        return found if len(found) == 4 else None
+
+    pods = wait_until(all_four, 120, 0.2, "the head, the learner and the two workers of spread-ppo")
     assert {c["image"] for pod in pods for c in pod["spec"]["containers"]} == {DEFAULT_TRAINER_IMAGE}, pods
     wait_complete(bed, "spread-ppo", 600)
     status = learner_figures(bed, "spread-ppo")

@@ -91,6 +91,11 @@ class _Open:
     index: int = 0
 
 
+#: Plain scalars kubectl (sigs.k8s.io/yaml, YAML 1.1) reads as booleans and PyYAML as strings: a kwarg `N: 3`
+#: would reach a cluster's job as the key false.
+YAML11_BOOLEANS = {"y": True, "Y": True, "n": False, "N": False}
+
+
 class _YamlScan:
     """Measures YAML from the parser's events, before any document is built: an alias counts as the node
     it repeats (anchors remember their expanded size), so a bomb is refused after a pass over its few
@@ -158,6 +163,10 @@ class _YamlScan:
         value = event.value
         self._key(value)
         self._count(event, 1, len(value), len(self.open))
+        if value in YAML11_BOOLEANS and not event.style:  # plain: libyaml says "", PyYAML None
+            self._refuse(event, f"a plain {value} is the string {value!r} here but a boolean "
+                         f"({str(YAML11_BOOLEANS[value]).lower()}) to kubectl, whose YAML is 1.1: quote it "
+                         f"(\"{value}\") so the job is the same on the cluster")
         if len(value) > _INT_DIGITS_READABLE and \
                 _RESOLVER.resolve(yaml.ScalarNode, value, event.implicit) == "tag:yaml.org,2002:int":
             # Python refuses to read it (ValueError from the loader); a shorter one past int64 is refused

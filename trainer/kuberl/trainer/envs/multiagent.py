@@ -101,8 +101,8 @@ class SharedPolicyAgents:
 
     def __init__(self, make: Callable[[], Any], copies: int, agent_id_in_observation: bool = False,
                  max_episode_steps: int | None = None):
-        self.envs = [as_parallel(make()) for _ in range(copies)]
-        first = self.envs[0]
+        self.parallel_envs = [as_parallel(make()) for _ in range(copies)]  # not `envs`: that is a SyncVectorEnv's
+        first = self.parallel_envs[0]
         self.agents = list(first.possible_agents)
         if not self.agents:
             raise MultiAgentEnvError("the env has no possible_agents")
@@ -147,7 +147,7 @@ class SharedPolicyAgents:
 
     def reset(self, *, seed: list[int] | int | None = None, options: dict | None = None):
         seeds = seed if isinstance(seed, list) else [None if seed is None else seed + c for c in range(self.copies)]
-        for copy, env in enumerate(self.envs):
+        for copy, env in enumerate(self.parallel_envs):
             observations, _ = env.reset(seed=seeds[copy], options=options)
             self._unknown_agents(observations)
             self._take(copy, observations)
@@ -161,7 +161,7 @@ class SharedPolicyAgents:
         final_obs = np.empty(self.num_envs, dtype=object)
         final_masks = None if self.masks is None else self.masks.copy()
         acting = self.alive.copy()  # the entries whose agents act in this step: info["alive"] of the last call
-        for copy, env in enumerate(self.envs):
+        for copy, env in enumerate(self.parallel_envs):
             slots = self._entries(copy)
             moves = {self.agents[i]: actions[slot] for i, slot in enumerate(slots) if acting[slot]}
             observations, reward, term, trunc, _ = env.step(moves)
@@ -202,7 +202,7 @@ class SharedPolicyAgents:
                                      f"{self.agents}: KubeRL needs every agent listed there from the start")
 
     def close(self) -> None:
-        for env in self.envs:
+        for env in self.parallel_envs:
             env.close()
 
 
