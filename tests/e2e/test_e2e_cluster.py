@@ -57,7 +57,8 @@ def example(name: str, **spec_changes) -> dict:
 
 
 def apply(bed: OneNodeCluster, *docs: dict) -> None:
-    bed.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(docs))
+    # As JSON documents: PyYAML would write a key N plain, which kubectl's YAML 1.1 reads as false.
+    bed.kubectl("apply", "--validate=false", "-f", "-", input="\n---\n".join(json.dumps(doc) for doc in docs))
 
 
 def claim(name: str) -> dict:
