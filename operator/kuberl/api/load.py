@@ -96,6 +96,23 @@ class _Open:
 YAML11_BOOLEANS = {"y": True, "Y": True, "n": False, "N": False}
 
 
+class _QuotingDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting the strings kubectl would read as booleans (YAML11_BOOLEANS)."""
+
+
+def _quoted_if_kubectl_reads_a_boolean(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if value in YAML11_BOOLEANS else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_QuotingDumper.add_representer(str, _quoted_if_kubectl_reads_a_boolean)
+
+
+def dump_yaml(data: Any) -> str:
+    """`data` as YAML that this loader and kubectl read alike (a key N comes out "N")."""
+    return yaml.dump(data, Dumper=_QuotingDumper, sort_keys=False)
+
+
 class _YamlScan:
     """Measures YAML from the parser's events, before any document is built: an alias counts as the node
     it repeats (anchors remember their expanded size), so a bomb is refused after a pass over its few

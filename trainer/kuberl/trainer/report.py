@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-import yaml
-
+from kuberl.api.load import dump_yaml
 from kuberl.trainer import tensorboard_log, tracking
 from kuberl.trainer.tensorboard_log import EventLog
 from kuberl.trainer.tracking import Tracker
@@ -95,7 +94,7 @@ class RunReport:
         """Start the run's files; a resumed run (from a checkpoint at `env_steps`, `iteration`) appends."""
         (self.run_dir / "job.yaml").write_text(
             "# The job as resolved (defaults filled in) for this run.\n"
-            + yaml.safe_dump(self.job.manifest(), sort_keys=False)
+            + dump_yaml(self.job.manifest())
         )
         if not resumed and self.metrics_path.exists():
             self.metrics_path.unlink()
