@@ -18,17 +18,25 @@ SB3 runs with one thread (bench/peer_sb3_continuous.py).
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import BENCH, EXAMPLES, REPO, RESULT_PREFIX, RESULTS, Bench, load_average
+from common import (
+    BENCH,
+    EXAMPLES,
+    REPO,
+    RESULT_PREFIX,
+    RESULTS,
+    Bench,
+    iqm_interval,
+    kuberl_sweep,
+    load_average,
+)
 
 SWEEPS = {"sac": EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml",
           "td3": EXAMPLES / "sweeps" / "pendulum-td3-zoo-seeds.yaml"}
@@ -43,22 +51,11 @@ def arguments(p) -> None:
 
 
 def interval(values: list[float]) -> dict[str, Any]:
-    from kuberl.sweep.statistics import iqm_interval
-
-    i = iqm_interval(values)
-    return {"iqm": round(i.estimate, 1), "low": round(i.low, 1), "high": round(i.high, 1)}
+    return iqm_interval(values, 1)
 
 
 def run_kuberl(sweep: Path, seeds: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-continuous-") as tmp:
-        load = load_average()
-        t0 = time.perf_counter()
-        proc = subprocess.run([str(REPO / ".venv" / "bin" / "kuberl"), "sweep", str(sweep), "--dir", tmp],
-                              cwd=REPO, capture_output=True, text=True, check=False)
-        whole = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"kuberl sweep failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        rows = list(csv.DictReader((Path(tmp) / "results.csv").open()))
+    with kuberl_sweep(sweep, "bench-continuous-") as (rows, whole, load):
         trials = []
         for row in rows[:seeds]:
             summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
@@ -66,7 +63,7 @@ def run_kuberl(sweep: Path, seeds: int) -> dict[str, Any]:
                            "evaluation_return": round(float(row["evaluation_return"]), 1),
                            "training_seconds": summary.get("wall_clock")})
     returns = [t["evaluation_return"] for t in trials]
-    return {"command": f"kuberl sweep {sweep.relative_to(REPO)}", "whole_command_seconds": round(whole, 1),
+    return {"command": f"kuberl sweep {sweep.relative_to(REPO)}", "whole_command_seconds": whole,
             "loadavg_start": load, "trials": trials, "evaluation_return": interval(returns),
             "seeds_at_target": sum(r >= TARGET for r in returns)}
 

@@ -19,17 +19,25 @@ own window of recent episodes). The whole command's time is quoted beside each t
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import BENCH, EXAMPLES, REPO, RESULT_PREFIX, RESULTS, Bench, load_average
+from common import (
+    BENCH,
+    EXAMPLES,
+    REPO,
+    RESULT_PREFIX,
+    RESULTS,
+    Bench,
+    iqm_interval,
+    kuberl_sweep,
+    load_average,
+)
 
 SWEEP = EXAMPLES / "sweeps" / "spread-ppo-seeds.yaml"
 AGENT_STEPS = 156_000
@@ -41,10 +49,7 @@ def arguments(p) -> None:
 
 
 def interval(values: list[float]) -> dict[str, Any]:
-    from kuberl.sweep.statistics import iqm_interval
-
-    i = iqm_interval(values)
-    return {"iqm": round(i.estimate, 2), "low": round(i.low, 2), "high": round(i.high, 2)}
+    return iqm_interval(values, 2)
 
 
 def seconds_to(curve: list[list[Any]], target: float) -> float | None:
@@ -53,24 +58,17 @@ def seconds_to(curve: list[list[Any]], target: float) -> float | None:
 
 
 def run_kuberl(seeds: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-multiagent-") as tmp:
-        load = load_average()
-        t0 = time.perf_counter()
-        proc = subprocess.run([str(REPO / ".venv" / "bin" / "kuberl"), "sweep", str(SWEEP), "--dir", tmp],
-                              cwd=REPO, capture_output=True, text=True, check=False)
-        whole = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"kuberl sweep failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with kuberl_sweep(SWEEP, "bench-multiagent-") as (rows, whole, load):
         trials = []
-        for row in list(csv.DictReader((Path(tmp) / "results.csv").open()))[:seeds]:
+        for row in rows[:seeds]:
             run_dir = Path(row["run_dir"])
             summary = json.loads((run_dir / "summary.json").read_text())
-            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            iterations = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             trials.append({"seed": int(row["seed"]), "agent_steps": int(row["env_steps"]),
                            "evaluation_return": round(float(row["evaluation_return"]), 2),
                            "training_seconds": summary.get("wall_clock"),
-                           "curve": [[r["env_steps"], r["wall_clock"], r.get("mean_return")] for r in rows]})
-    return {"command": f"kuberl sweep {SWEEP.relative_to(REPO)}", "whole_command_seconds": round(whole, 1),
+                           "curve": [[r["env_steps"], r["wall_clock"], r.get("mean_return")] for r in iterations]})
+    return {"command": f"kuberl sweep {SWEEP.relative_to(REPO)}", "whole_command_seconds": whole,
             "loadavg_start": load, "trials": trials}
 
 

@@ -22,7 +22,9 @@ and every result file has one shape: {"benchmark", "command", "machine", "result
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import csv
 import datetime
 import importlib
 import importlib.metadata
@@ -34,8 +36,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -464,3 +467,27 @@ def from_tests(module: str):
     if tests not in sys.path:
         sys.path.append(tests)
     return importlib.import_module(module)
+
+
+def iqm_interval(values: list[float], digits: int = 1) -> dict[str, Any]:
+    """The IQM of `values` with its 95% bootstrap interval (kuberl.sweep.statistics, the sweep's own ranking
+    statistics), rounded. Imports KubeRL: for the project's venv only."""
+    from kuberl.sweep.statistics import iqm_interval as interval
+
+    i = interval(values)
+    return {"iqm": round(i.estimate, digits), "low": round(i.low, digits), "high": round(i.high, digits)}
+
+
+@contextlib.contextmanager
+def kuberl_sweep(sweep: Path, prefix: str) -> Iterator[tuple[list[dict[str, str]], float, list[float]]]:
+    """`kuberl sweep SWEEP` as a user runs it, in a directory that lasts the `with`: (its results.csv rows,
+    the whole command's seconds, the load average when it started)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        load = load_average()
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(REPO / ".venv" / "bin" / "kuberl"), "sweep", str(sweep), "--dir", tmp],
+                              cwd=REPO, capture_output=True, text=True, check=False)
+        whole = round(time.perf_counter() - t0, 1)
+        if proc.returncode != 0:
+            raise SystemExit(f"kuberl sweep failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        yield list(csv.DictReader((Path(tmp) / "results.csv").open())), whole, load
