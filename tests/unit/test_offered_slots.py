@@ -82,7 +82,7 @@ def test_a_stop_ends_the_wait_for_workers_before_anything_is_asked_of_ray():
 WITHOUT_GCS = textwrap.dedent("""
     import json, os, signal, threading, time
     import ray
-    from kuberl.trainer.workers import OfferedSlots, kill_in_background
+    from kuberl.trainer.workers import OfferedSlots, WorkerSet, kill_in_background
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", resources={"rollout_slot": 2})
 
     @ray.remote(num_cpus=0)
@@ -98,6 +98,12 @@ WITHOUT_GCS = textwrap.dedent("""
     t0 = time.monotonic()
     out["reads"] = [offered() for _ in range(5)]
     out["read_seconds"] = time.monotonic() - t0
+    workers = WorkerSet({}, None, cluster=True, seed=0)
+    t0 = time.monotonic()
+    workers.reconcile(timeout=3600)  # waits for a worker, were the head there to start one
+    out["reconcile_seconds"] = time.monotonic() - t0
+    out["head_unanswered"] = workers.head_unanswered()
+    out["spawned"] = len(workers.workers)
     registering = Actor.remote()  # its registration with the GCS never finishes
     t0 = time.monotonic()
     background = kill_in_background(registering)
@@ -111,7 +117,7 @@ WITHOUT_GCS = textwrap.dedent("""
 """)
 
 
-def test_with_the_gcs_killed_a_real_learner_reads_the_last_count_and_lets_go_of_actors_at_once():
+def test_with_the_gcs_killed_a_real_learner_reads_the_last_count_stops_waiting_for_workers_and_lets_go_of_actors():
     done = subprocess.run([sys.executable, "-c", WITHOUT_GCS], capture_output=True, text=True, timeout=300)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, (done.returncode, done.stdout[-2000:], done.stderr[-4000:])
@@ -120,5 +126,9 @@ def test_with_the_gcs_killed_a_real_learner_reads_the_last_count_and_lets_go_of_
     assert out["reads"] == [2] * 5, out
     assert out["read_seconds"] < 5 * 1.0 + 10, out  # each read bounded by its timeout (slack for a busy machine)
     assert out["let_go_seconds"] < 1.0, out
+    # The wait for rollout workers ends at the first unanswered read: no actor starts without the head, and the
+    # learner's loop (learner._head_lost) checkpoints and waits for the head or its SIGTERM instead.
+    assert out["head_unanswered"] and out["spawned"] == 0, out
+    assert out["reconcile_seconds"] < 1.0 + 10, out
     # What the background kill guards against, on this Ray: its own kill of an actor still registering blocks.
     assert out["plain_kill_blocked"], out

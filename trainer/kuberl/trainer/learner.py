@@ -159,7 +159,7 @@ def _run_sync(loop: Loop) -> str:
         if reason:
             return reason
         loop.workers.reconcile()
-        if loop.stop_signal["set"]:
+        if loop.stop_signal["set"] or _head_lost(loop):
             continue
         loop.publish_weights()
         method, args = _sample_call(loop)
@@ -189,7 +189,7 @@ def _run_async(loop: Loop) -> str:
         if reason:
             break
         loop.workers.reconcile(wait_for_one=not inflight.calls)
-        if loop.stop_signal["set"]:
+        if loop.stop_signal["set"] or _head_lost(loop):
             continue
         loop.publish_weights()
         if not inflight.calls or not loop.algo.updates_held_back:
@@ -210,6 +210,26 @@ def _run_async(loop: Loop) -> str:
         # a SIGTERM or the wall-clock limit leaves them owed (the checkpoint keeps them).
         iterate(loop, [])
     return reason
+
+
+#: Seconds between asks of a Ray head that did not answer (each ask itself waits up to GCS_READ_SECONDS).
+HEAD_LOST_PAUSE_SECONDS = 0.5
+
+
+def _head_lost(loop: Loop) -> bool:
+    """Whether the Ray head stopped answering; if so, the iterations since the last checkpoint are saved now, and
+    the loop collects nothing until the head answers again (a busy one) or SIGTERM comes (the operator replaces
+    every pod of a job whose head is gone). Ray ends a process whose head has been gone for a minute, and on a
+    busy cluster the operator's SIGTERM can come later than that: a learner that went on training meanwhile lost
+    every iteration since its last checkpoint, which its replacement trained again."""
+    if not loop.workers.head_unanswered():
+        return False
+    if loop.counters.iterations > loop.last_ckpt_iter:
+        log.warning("the Ray head does not answer: checkpointing iteration %d, and collecting nothing until it "
+                    "answers or this pod is stopped", loop.counters.iterations)
+        checkpoint_when_due(loop, force=True)
+    time.sleep(HEAD_LOST_PAUSE_SECONDS)  # a head that refuses at once is not asked in a tight loop
+    return True
 
 
 class _InFlight:

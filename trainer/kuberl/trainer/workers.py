@@ -298,6 +298,11 @@ class WorkerSet:
             return self._offered()
         return int(self.fixed_desired or 1)
 
+    def head_unanswered(self) -> bool:
+        """Whether the cluster's Ray head did not answer the last read of its rollout slots (its pod evicted, its
+        node lost, or too busy to answer within GCS_READ_SECONDS). Never, on an embedded Ray."""
+        return self._offered is not None and self._offered.unanswered > 0
+
     def _spawn(self, index: int) -> None:
         # A replacement gets a fresh seed stream so it does not replay its predecessor's episodes.
         generation = self._next_generation
@@ -317,6 +322,8 @@ class WorkerSet:
             if self.stop():
                 return
             want = self.desired()
+            if self.head_unanswered():
+                return  # no actor starts without the head; the learner decides what to do meanwhile
             for index in range(want):
                 if index not in self.workers:
                     self._spawn(index)
