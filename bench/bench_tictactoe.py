@@ -12,6 +12,13 @@ workers on an embedded Ray, one after the other in this process, and records per
     other work, so wall-clock includes time spent waiting for a core and CPU seconds do not.
 
     .venv/bin/python bench/bench_tictactoe.py [--workers 1 2] [--output bench/results/tictactoe.json]
+
+`--example tictactoe-selfplay-dqn` trains the same game through PettingZoo (classic/tictactoe-v3 under
+environment.multiAgent.policies: selfPlay) instead of KubeRL's numpy-batched Tic-Tac-Toe: the same DQN
+settings, the same suites and the same exact figures (PettingZoo's observation, the board from the mover's
+side cell by cell, is encoded as its env encodes it), written to bench/results/tictactoe_pettingzoo.json:
+
+    .venv/bin/python bench/bench_tictactoe.py --example tictactoe-selfplay-dqn --workers 1
 """
 
 from __future__ import annotations
@@ -66,7 +73,15 @@ def greedy_policy(run_dir: Path, job) -> QPolicy:
     return policy
 
 
-def exact_vs_random(policy: QPolicy, agent_first: bool) -> dict[str, float]:
+def pettingzoo_encode(board: tuple[int, ...], side: int) -> np.ndarray:
+    """PettingZoo's classic/tictactoe-v3 observation of `board` (1 X, -1 O, 0 free) for the player `side`:
+    (3, 3, 2) planes of its marks and the other's, flattened as KubeRL's multi-agent envs flatten it. Its
+    cells are PettingZoo's squares, whose lines are the same set as `winner`'s."""
+    cells = np.asarray(board)
+    return np.stack([cells == side, cells == -side], axis=1).astype(np.float32).ravel()
+
+
+def exact_vs_random(policy: QPolicy, agent_first: bool, encoder=encode) -> dict[str, float]:
     """P(win), P(draw), P(loss) of the greedy policy against a uniform-random opponent."""
     agent = 1 if agent_first else -1
 
@@ -78,7 +93,7 @@ def exact_vs_random(policy: QPolicy, agent_first: bool) -> dict[str, float]:
         free = [i for i in range(9) if board[i] == 0]
         if mover == agent:
             mask = np.array([c == 0 for c in board])
-            cell = int(policy.act(None, encode(board, agent)[None], mask[None], epsilon=0.0)[0])
+            cell = int(policy.act(None, encoder(board, agent)[None], mask[None], epsilon=0.0)[0])
             moves = [cell]
         else:
             moves = free
@@ -121,8 +136,8 @@ class CpuMeter:
         return {k: round(self.last[k] - self.first[k], 2) for k in self.first if k in self.last}
 
 
-def run_one(workers: int, run_dir: Path, max_episodes: int | None) -> dict:
-    job = parse_job(example_job("tictactoe-dqn"))
+def run_one(workers: int, run_dir: Path, max_episodes: int | None, example: str = "tictactoe-dqn") -> dict:
+    job = parse_job(example_job(example))
     if max_episodes is not None:
         job.spec.stopping.max_episodes = max_episodes
     load_before = load_average()
@@ -136,7 +151,11 @@ def run_one(workers: int, run_dir: Path, max_episodes: int | None) -> dict:
     suites = {name: {k: ev[name][k] for k in ("games", "wins", "draws", "losses", "win_rate")}
               for name in ("vs-random-first", "vs-random-second", "self-play")}
     policy = greedy_policy(run_dir, job)
+    encoder = encode if job.spec.environment.multi_agent is None else pettingzoo_encode
     return {
+        "example": f"examples/{example}.yaml",
+        "environment": job.spec.environment.id,
+        "whole_run_seconds": round(total, 2),
         "workers": workers,
         "envs_per_worker": job.spec.rollout_workers.envs_per_worker,
         "episodes": c.episodes,
@@ -150,7 +169,8 @@ def run_one(workers: int, run_dir: Path, max_episodes: int | None) -> dict:
         "learner_wait_seconds": round(c.learner_wait, 2),
         "worker_wait_seconds": round(c.worker_wait, 2),
         "suites": suites,
-        "exact_vs_random": {"first": exact_vs_random(policy, True), "second": exact_vs_random(policy, False)},
+        "exact_vs_random": {side: exact_vs_random(policy, first, encoder) for side, first in
+                            (("first", True), ("second", False))},
         "load_average_before": load_before,
         "load_average_after": load_average(),
     }
@@ -170,15 +190,20 @@ def verdict(run: dict) -> dict:
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--max-episodes", type=int, help="override the example's 100k (quick checks only)")
+    parser.add_argument("--example", default="tictactoe-dqn", choices=["tictactoe-dqn", "tictactoe-selfplay-dqn"],
+                        help="the job: KubeRL's batched Tic-Tac-Toe, or PettingZoo's under self-play")
 
 
 def main() -> None:
-    bench = Bench(__doc__, RESULTS / "tictactoe.json", arguments)
+    bench = Bench(__doc__, None, arguments, output_help="the result file (default: bench/results/tictactoe.json, "
+                  "with --example tictactoe-selfplay-dqn bench/results/tictactoe_pettingzoo.json)")
     args = bench.args
+    if bench.output is None:
+        bench.output = RESULTS / ("tictactoe.json" if args.example == "tictactoe-dqn" else "tictactoe_pettingzoo.json")
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-ttt-") as tmp:
         for k in args.workers:
-            run = run_one(k, Path(tmp) / f"k{k}", args.max_episodes)
+            run = run_one(k, Path(tmp) / f"k{k}", args.max_episodes, args.example)
             run["meets_target"] = verdict(run)
             runs.append(run)
             print(json.dumps(run, indent=2))

@@ -362,6 +362,27 @@ def test_many_agents_from_the_spread_example_train_to_complete_on_the_cluster(be
     delete_and_check_nothing_left(bed, "spread-ppo")
 
 
+def test_self_play_in_a_pettingzoo_game_trains_to_complete_on_the_cluster(bed):
+    """A turn-based PettingZoo game under policies: selfPlay on the cluster: the rollout worker pod plays the
+    learner's seat of each game against its frozen copies, and the suites count games seat by seat from the
+    learner's status. A short budget: the claim here is the path, learning is the integration test's."""
+    job = example("tictactoe-selfplay-dqn.yaml", **{"stopping": {"maxEnvSteps": 8_000}, "evaluation": {
+        "episodes": 20, "suites": [{"name": "vs-random-second", "kind": "opponent", "opponent": "random",
+                                    "agentFirst": False, "episodes": 50}]}})
+    apply(bed, job)
+    wait_complete(bed, "tictactoe-selfplay-dqn", 600)
+    status = learner_figures(bed, "tictactoe-selfplay-dqn")
+    progress, evaluation = status["progress"], status["evaluation"]
+    # A game is 3 to 5 of the learner's moves; the opponent's moves are not env steps.
+    assert progress["envSteps"] >= 8_000 and 3 * progress["episodes"] <= progress["envSteps"] <= 5 * \
+        progress["episodes"], status
+    assert set(evaluation) == {"deterministic", "vs-random-second"}, evaluation
+    assert 0 <= evaluation["vs-random-second"]["winRate"] <= 1, evaluation
+    # A game's return is its outcome for the learner's seat: -1, 0 or 1.
+    assert -1 <= evaluation["deterministic"]["meanReturn"] <= 1, evaluation
+    delete_and_check_nothing_left(bed, "tictactoe-selfplay-dqn")
+
+
 def test_bdq_preference_pairs_from_a_config_map_reach_the_learner(bed):
     """The operator mounts spec.algorithm.bdq.preference.configMap into the learner pod; the learner
     reads its pairs.jsonl while training and skips what it cannot use (no crash), saying why."""

@@ -141,6 +141,9 @@ BAD = {
     "replicas-preference": (lambda m: (m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {}}),
                                        m["spec"].update(learner={"replicas": 2})),
                             "spec", "cannot be combined with algorithm.bdq.preference"),
+    "self-play-settings-shared": (lambda m: m["spec"]["environment"].update(id="mpe2.simple_spread_v3:parallel_env",
+        multiAgent={"policies": "shared", "selfPlay": {"refreshUpdates": 10}}), "spec.environment.multiAgent",
+        "selfPlay is set only with policies: selfPlay"),
     "serving-ports-equal": (lambda m: m["spec"].update(serving={"port": 9000, "metricsPort": 9000}, checkpointing={
         "volume": {"claimName": "checkpoints"}}), "spec.serving", "port and metricsPort must differ"),
 }
@@ -168,6 +171,10 @@ GOOD = {
                             m["spec"]["algorithm"].update(name="DQN")),
     "episodes-only": spec(stopping={"maxEpisodes": 10}),
     "replicas-two-bdq": lambda m: (m["spec"]["algorithm"].update(name="BDQ"), m["spec"].update(learner={"replicas": 2})),
+    "self-play": lambda m: m["spec"]["environment"].update(id="classic/tictactoe-v3", multiAgent={
+        "policies": "selfPlay", "selfPlay": {"refreshUpdates": 0, "opponentEpsilon": 1}}),
+    "self-play-defaults": lambda m: m["spec"]["environment"].update(id="classic/tictactoe-v3",
+                                                                    multiAgent={"policies": "selfPlay"}),
     "preference-config-map": lambda m: m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {
         "configMap": "pairs"}}),
 }

@@ -537,15 +537,45 @@ MODULE_SEPARATOR = ":"
 
 class AgentPolicies(str, enum.Enum):
     SHARED = "shared"
+    SELF_PLAY = "selfPlay"
+
+
+class SelfPlaySpec(_Model):
+    """The frozen opponents of `policies: selfPlay`."""
+
+    # rl-baselines3-zoo has no self-play settings; these are the ones KubeRL's Tic-Tac-Toe example was tuned
+    # to (examples/tictactoe-dqn.yaml: refresh every 100 updates, half the opponent's moves random), which
+    # beat the seed project's figures (bench/results/tictactoe.json).
+    refresh_updates: int = Field(
+        default=100, ge=0, le=1_000_000_000,
+        description="The opponents are a frozen greedy copy of the learner's policy, replaced once the "
+        "learner's weights are this many gradient updates newer (0: on every weights change).")
+    opponent_epsilon: float = Field(
+        default=0.5, ge=0, le=1,
+        description="Share of the opponents' moves played uniformly at random among the legal ones instead: "
+        "the learner meets the positions random play leads to, and an opponent that punishes mistakes there.")
 
 
 class MultiAgentSpec(_Model):
     """A PettingZoo environment, and how its agents map to policies."""
 
+    RULES = (Rule("!has(self.selfPlay) || self.policies == 'selfPlay'",
+                  "selfPlay is set only with policies: selfPlay",
+                  lambda m: m.self_play is None or m.policies == AgentPolicies.SELF_PLAY,
+                  lambda m: f"policies {m.policies.value}"),)
+
     policies: AgentPolicies = Field(
         default=AgentPolicies.SHARED,
         description="shared: one policy acts for every agent and learns from all their steps (parameter "
-        "sharing); every agent needs the same observation and action spaces. Env steps count agent steps.")
+        "sharing); every agent needs the same observation and action spaces. Env steps count agent steps. "
+        "selfPlay: the policy plays one agent of each game (the seats taken in turn, episode by episode) and "
+        "frozen past versions of it play the others (selfPlay says how they are refreshed); for turn-based "
+        "games (PettingZoo's AEC API, such as classic/tictactoe-v3) and parallel envs alike, with a Discrete "
+        "action space. Env steps count the policy's own moves; evaluation plays against uniformly random "
+        "opponents.")
+    self_play: SelfPlaySpec | None = Field(
+        default=None,
+        description="With policies: selfPlay, how the frozen opponents are kept (defaults when unset).")
     agent_id_in_observation: bool = Field(
         default=False,
         description="Append the agent's one-hot index (in the env's possible_agents order) to its observation, so "

@@ -34,14 +34,12 @@ def make_vector_env(env_id: str, kwargs: dict[str, Any], num_envs: int, max_epis
                     batched: bool = True, multi_agent: dict[str, Any] | None = None):
     """`num_envs` copies stepped together: a numpy-batched implementation where KubeRL has one
     (`envs/batched.py`; same episodes as the per-env reference), else gymnasium's SyncVectorEnv. With
-    `multi_agent` (environment.multiAgent as a dict) a PettingZoo env, one entry per agent of each copy."""
+    `multi_agent` (environment.multiAgent as a dict) a PettingZoo env: one entry per agent of each copy, or
+    with self-play one per copy (the learner's agent's)."""
     if multi_agent is not None:
-        from kuberl.trainer.envs.multiagent import SharedPolicyAgents
-        from kuberl.trainer.envs.resolve import resolve_agents_factory
+        from kuberl.trainer.envs.resolve import agents_vector
 
-        factory = resolve_agents_factory(env_id)
-        return SharedPolicyAgents(lambda: factory(**kwargs), num_envs,
-                                  bool(multi_agent.get("agent_id_in_observation")), max_episode_steps)
+        return agents_vector(env_id, kwargs, multi_agent, num_envs, max_episode_steps)
     if batched:
         from kuberl.trainer.envs.batched import make_batched
 

@@ -1,7 +1,9 @@
 """Self-play for two-player envs: each rollout worker plays against a frozen copy of its own policy.
 
-An env opts in by offering `set_opponent_policy(policy)` (Tic-Tac-Toe does) and asking for it in
-its kwargs (`opponent: self` or `mix`). The worker then keeps one `FrozenOpponent` — a greedy,
+An env opts in by offering `set_opponent_policy(policy)` and asking for it: Tic-Tac-Toe in its kwargs
+(`opponent: self` or `mix`), a PettingZoo env under `environment.multiAgent.policies: selfPlay` by its
+`self_play_refresh_updates` (kuberl.trainer.envs.selfplay_agents). The worker then keeps one
+`FrozenOpponent` — a greedy,
 masked numpy copy of its acting policy — installed in every env copy, and replaces the copy once
 the learner's weights are `opponent_refresh_updates` gradient updates newer (0: on every weights
 change). The numpy-batched env asks it once per step for all its games (`FrozenOpponent.batch`,
@@ -57,6 +59,9 @@ class FrozenOpponent:
 
 def self_play_settings(env) -> tuple[bool, int]:
     """(whether the env asks for a self-play opponent, refresh interval in gradient updates)."""
+    refresh = getattr(env, "self_play_refresh_updates", None)  # a PettingZoo env under policies: selfPlay
+    if refresh is not None:
+        return True, int(refresh)
     base = env.unwrapped
     config = getattr(base, "config", None)
     if not hasattr(base, "set_opponent_policy") or config is None:

@@ -57,7 +57,7 @@ def as_parallel(env: Any) -> Any:
                              f"{type(env).__name__}: name the env module's parallel_env (or env) as module:factory")
 
 
-class _Encoding:
+class AgentEncoding:
     """How one agent's observation becomes a float row: a Box flattened, a Discrete one-hot, the legal-move
     mask of a classic env's dict taken out, and the agent's one-hot index appended when asked."""
 
@@ -106,8 +106,10 @@ class SharedPolicyAgents:
         self.agents = list(first.possible_agents)
         if not self.agents:
             raise MultiAgentEnvError("the env has no possible_agents")
-        _same_spaces(first, self.agents)
-        self.encoding = _Encoding(first.observation_space(self.agents[0]), len(self.agents), agent_id_in_observation)
+        same_spaces(first, self.agents, "one shared policy (environment.multiAgent.policies: shared) acts "
+                    "for every agent", "spec.environment.multiAgent.policies")
+        self.encoding = AgentEncoding(first.observation_space(self.agents[0]), len(self.agents),
+                                      agent_id_in_observation)
         self.single_observation_space = self.encoding.space
         self.single_action_space = first.action_space(self.agents[0])
         self.n_agents, self.copies = len(self.agents), copies
@@ -206,13 +208,13 @@ class SharedPolicyAgents:
             env.close()
 
 
-def _same_spaces(env: Any, agents: list[str]) -> None:
-    """One policy acts for every agent: every agent must see and act in the same spaces."""
+def same_spaces(env: Any, agents: list[str], why: str, field: str) -> None:
+    """One policy acts for every agent (`why` says how): every agent must see and act in the same spaces."""
     first = agents[0]
     for agent in agents[1:]:
         for what, space in (("observation", env.observation_space), ("action", env.action_space)):
             if space(agent) != space(first):
                 raise MultiAgentEnvError(
                     f"agents {first!r} and {agent!r} have different {what} spaces ({space(first)} and "
-                    f"{space(agent)}): one shared policy (environment.multiAgent.policies: shared) needs one "
-                    "observation and one action space for every agent", "spec.environment.multiAgent.policies")
+                    f"{space(agent)}): {why}, which needs one observation and one action space for every "
+                    "agent", field)

@@ -23,7 +23,7 @@ from typing import Any
 import gymnasium as gym
 
 import kuberl.trainer.envs  # noqa: F401  (registers the kuberl/* ids)
-from kuberl.api.job import RLTrainingJobSpec
+from kuberl.api.job import AgentPolicies, MultiAgentSpec, RLTrainingJobSpec, SelfPlaySpec
 from kuberl.api.problems import Problem
 from kuberl.api.semantics import IMAGE_ENV, MODULE_SEPARATOR, SpaceInfo, check_spaces, unknown_env_problem
 
@@ -56,16 +56,37 @@ def resolve_env_factory(env_id: str) -> EnvFactory:
     return _maker(env_id)
 
 
-def resolve_agents_factory(env_id: str) -> Callable[..., Any]:
+def agents_vector(env_id: str, kwargs: dict[str, Any], multi_agent: dict[str, Any] | MultiAgentSpec, copies: int,
+                  max_episode_steps: int | None = None, seat: int | None = None) -> Any:
+    """`copies` copies of a PettingZoo env as the rollout workers' vector env, as `multi_agent`
+    (environment.multiAgent) maps its agents to policies: every agent an entry of one shared policy
+    (kuberl.trainer.envs.multiagent), or the learner's agent of each game an entry and frozen copies of its
+    policy the others (kuberl.trainer.envs.selfplay_agents; `seat` fixes the learner's agent)."""
+    spec = MultiAgentSpec.model_validate(multi_agent) if isinstance(multi_agent, dict) else multi_agent
+    if spec.policies == AgentPolicies.SELF_PLAY:
+        from kuberl.trainer.envs.selfplay_agents import SelfPlayAgents
+
+        factory = resolve_agents_factory(env_id, turn_based=True)
+        settings = spec.self_play or SelfPlaySpec()
+        return SelfPlayAgents(lambda: factory(**kwargs), copies, spec.agent_id_in_observation, max_episode_steps,
+                              settings.refresh_updates, settings.opponent_epsilon, seat)
+    from kuberl.trainer.envs.multiagent import SharedPolicyAgents
+
+    factory = resolve_agents_factory(env_id)
+    return SharedPolicyAgents(lambda: factory(**kwargs), copies, spec.agent_id_in_observation, max_episode_steps)
+
+
+def resolve_agents_factory(env_id: str, turn_based: bool = False) -> Callable[..., Any]:
     """A PettingZoo env (environment.multiAgent): an id of PettingZoo's registry (its parallel version where
-    it has one), or `module:factory`, the module imported and `factory` one of its callables (PettingZoo's
-    `parallel_env` or `env`, or a class). What either returns is checked when called
-    (kuberl.trainer.envs.multiagent.as_parallel)."""
+    it has one, its AEC one first when `turn_based`), or `module:factory`, the module imported and `factory`
+    one of its callables (PettingZoo's `parallel_env` or `env`, or a class). What either returns is checked
+    when called (kuberl.trainer.envs.multiagent.as_parallel, selfplay_agents.as_aec)."""
     module_name, separator, name = env_id.partition(MODULE_SEPARATOR)
     if not separator:
         import pettingzoo
 
-        for kind, registry in (("parallel", pettingzoo.parallel_registry), ("aec", pettingzoo.aec_registry)):
+        kinds = [("parallel", pettingzoo.parallel_registry), ("aec", pettingzoo.aec_registry)]
+        for kind, registry in (kinds[::-1] if turn_based else kinds):
             if env_id in registry:
                 return functools.partial(pettingzoo.make, kind, env_id)
         known = sorted(set(pettingzoo.parallel_registry) | set(pettingzoo.aec_registry))
@@ -137,16 +158,13 @@ def _kwargs_problem(spec: RLTrainingJobSpec, err: Exception) -> Problem:
 def _check_agents(spec: RLTrainingJobSpec) -> list[Problem]:
     """A PettingZoo env: importable, a PettingZoo env its agents can share a policy in, then the space rules
     on one agent's spaces."""
-    from kuberl.trainer.envs.multiagent import MultiAgentEnvError, SharedPolicyAgents
+    from kuberl.trainer.envs.multiagent import MultiAgentEnvError
 
     env_spec = spec.environment
     try:
-        factory = resolve_agents_factory(env_spec.id)
+        env = agents_vector(env_spec.id, env_spec.kwargs, env_spec.multi_agent, 1, env_spec.max_episode_steps)
     except EnvNotFound as err:
         return [Problem("spec.environment.id", f"cannot use the environment: {err}", env_spec.id)]
-    try:
-        env = SharedPolicyAgents(lambda: factory(**env_spec.kwargs), 1,
-                                 env_spec.multi_agent.agent_id_in_observation, env_spec.max_episode_steps)
     except MultiAgentEnvError as err:
         return [Problem(err.field, str(err), env_spec.id)]
     except Exception as err:  # noqa: BLE001 - any refusal by the constructor is about the kwargs

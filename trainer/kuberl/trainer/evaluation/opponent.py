@@ -12,9 +12,11 @@ def opponent_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
     from kuberl.trainer.envs import TICTACTOE_ID
 
     field = f"spec.evaluation.suites[{suite.name}]"
-    if spec.environment.id != TICTACTOE_ID:
-        raise ValueError(f"{field}.kind: opponent needs a two-player env ({TICTACTOE_ID}), "
-                         f"got spec.environment.id {spec.environment.id!r}")
+    self_play = spec.environment.multi_agent is not None and spec.environment.multi_agent.policies.value == "selfPlay"
+    if spec.environment.id != TICTACTOE_ID and not self_play:
+        raise ValueError(f"{field}.kind: opponent needs a two-player env ({TICTACTOE_ID}, or a PettingZoo game "
+                         f"under environment.multiAgent.policies: selfPlay), got spec.environment.id "
+                         f"{spec.environment.id!r}")
     if suite.opponent is None:
         raise ValueError(f"{field}.opponent: required for kind opponent; allowed values: random, self")
     ready = workers.ready()
@@ -37,7 +39,29 @@ def _worker_games(worker, params, version: int, opponent: str, agent_first: bool
     worker.set_weights(params, version)
     policy = FrozenOpponent()
     policy.refresh(worker.policy, version)
+    if worker.evaluator.multi_agent is not None:
+        return _tally(opponent, agent_first, games, seat_games(worker.evaluator, policy, opponent, agent_first,
+                                                               games, seed), {})
     return opponent_games(policy, opponent, agent_first, games, seed)
+
+
+def seat_games(evaluator, policy, opponent: str, agent_first: bool, games: int, seed: int) -> dict[str, int]:
+    """A PettingZoo game under self-play: the greedy policy in the first seat (`agent_first`) or the second,
+    against uniformly random moves or against itself, on env copies of the evaluation's own."""
+    from kuberl.trainer.envs.resolve import agents_vector
+    from kuberl.trainer.envs.selfplay_agents import play_games
+
+    if opponent not in ("random", "self"):
+        raise ValueError(f"opponent={opponent!r} is not allowed; allowed values: random, self")
+    env = agents_vector(evaluator.env_id, evaluator.env_kwargs, evaluator.multi_agent, min(games, 64),
+                        evaluator.max_episode_steps, seat=0 if agent_first else 1)
+    env.opponents.epsilon = 0.0
+    if opponent == "self":
+        env.set_opponent_policy(policy)
+    try:
+        return play_games(env, policy, games, seed)
+    finally:
+        env.close()
 
 
 def opponent_games(policy, opponent: str, agent_first: bool, games: int, seed: int) -> dict[str, Any]:
@@ -59,6 +83,11 @@ def opponent_games(policy, opponent: str, agent_first: bool, games: int, seed: i
         extra = {"x_wins": sides["x_win"], "o_wins": sides["o_win"]}
     else:
         raise ValueError(f"opponent={opponent!r} is not allowed; allowed values: random, self")
+    return _tally(opponent, agent_first, games, counts, extra)
+
+
+def _tally(opponent: str, agent_first: bool, games: int, counts: dict[str, int], extra: dict[str, Any]
+           ) -> dict[str, Any]:
     return {
         "opponent": opponent, "agent_first": agent_first, "games": games,
         "wins": counts["win"], "draws": counts["draw"], "losses": counts["loss"],
