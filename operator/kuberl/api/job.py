@@ -95,12 +95,10 @@ _TEMPLATE_SCHEMA = WithJsonSchema(pod_schema.schema())
 def _template_field(role: str) -> Any:
     return Field(default=None, description=(
         f"Pod template merged onto the {pod_template.MAIN_CONTAINERS[role]} pods the operator builds (labels, "
-        "annotations, pod spec): tolerations, affinity, env, volumes, sidecars. Maps merge key by key; "
-        "containers, env, volumes, imagePullSecrets by name, volumeMounts by mountPath; tolerations and envFrom "
-        f"are appended. The container named {pod_template.MAIN_CONTAINERS[role]!r} is the operator's: its "
-        "command, args, image, ports, resources, probes, KUBERL_*/Ray env and /tmp, /dev/shm, /checkpoints "
-        "mounts cannot be set, nor restartPolicy or kuberl.dev/* labels. " + pod_template.BOUNDS_TEXT
-        + " Cluster only."))
+        "annotations, pod spec): tolerations, affinity, env, volumes, sidecars; lists merge by name. The "
+        f"container named {pod_template.MAIN_CONTAINERS[role]!r} is the operator's: its command, image, ports, "
+        "resources, probes, KUBERL_*/Ray env and mounts cannot be set, nor restartPolicy or kuberl.dev/* labels "
+        "(docs/pod-templates.md). " + pod_template.BOUNDS_TEXT + " Cluster only."))
 
 # CEL rules (`x-kubernetes-validations`): the cross-field checks below, in the CRD, so a real API server
 # refuses a bad job at `kubectl apply`. Only base CEL and regexes: the chart supports Kubernetes 1.27,
@@ -548,12 +546,10 @@ class SelfPlaySpec(_Model):
     # beat the seed project's figures (bench/results/tictactoe.json).
     refresh_updates: int = Field(
         default=100, ge=0, le=1_000_000_000,
-        description="The opponents are a frozen greedy copy of the learner's policy, replaced once the "
-        "learner's weights are this many gradient updates newer (0: on every weights change).")
+        description="Gradient updates between new frozen copies of the policy (0: every weights change).")
     opponent_epsilon: float = Field(
         default=0.5, ge=0, le=1,
-        description="Share of the opponents' moves played uniformly at random among the legal ones instead: "
-        "the learner meets the positions random play leads to, and an opponent that punishes mistakes there.")
+        description="Share of the opponents' moves played uniformly at random.")
 
 
 class MultiAgentSpec(_Model):
@@ -568,14 +564,8 @@ class MultiAgentSpec(_Model):
         default=AgentPolicies.SHARED,
         description="shared: one policy acts for every agent and learns from all their steps (parameter "
         "sharing); every agent needs the same observation and action spaces. Env steps count agent steps. "
-        "selfPlay: the policy plays one agent of each game (the seats taken in turn, episode by episode) and "
-        "frozen past versions of it play the others (selfPlay says how they are refreshed); for turn-based "
-        "games (PettingZoo's AEC API, such as classic/tictactoe-v3) and parallel envs alike, with a Discrete "
-        "action space. Env steps count the policy's own moves; evaluation plays against uniformly random "
-        "opponents.")
-    self_play: SelfPlaySpec | None = Field(
-        default=None,
-        description="With policies: selfPlay, how the frozen opponents are kept (defaults when unset).")
+        "selfPlay: the policy plays one seat of each game against frozen past versions of itself.")
+    self_play: SelfPlaySpec | None = Field(default=None, description="The opponents of policies: selfPlay.")
     agent_id_in_observation: bool = Field(
         default=False,
         description="Append the agent's one-hot index (in the env's possible_agents order) to its observation, so "
