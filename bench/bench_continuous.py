@@ -10,10 +10,15 @@ time of the whole command (the sweep; each SB3 process) beside each trial's trai
   (`examples/sweeps/pendulum-td3-zoo-seeds.yaml`: CleanRL's defaults, for 1M-step MuJoCo runs, start
   learning after 25,000 env steps, past this budget), so the implementations are compared, not defaults.
 
+- SAC on MuJoCo's InvertedDoublePendulum-v5 (`--task InvertedDoublePendulum-v5`,
+  bench/results/continuous_mujoco.json): KubeRL's defaults through `kuberl sweep
+  examples/sweeps/inverted-double-pendulum-sac-seeds.yaml` against SB3 with rl-baselines3-zoo's MuJoCo defaults;
+  the target is gymnasium's reward threshold for the task, 9,100.
+
 SB3 runs with one thread (bench/peer_sb3_continuous.py).
 
     bash bench/make_peer_venvs.sh sb3                       # once: SB3's own virtualenv
-    .venv/bin/python bench/bench_continuous.py [--algo td3]
+    .venv/bin/python bench/bench_continuous.py [--algo td3] [--task InvertedDoublePendulum-v5]
 """
 
 from __future__ import annotations
@@ -38,14 +43,19 @@ from common import (
     load_average,
 )
 
-SWEEPS = {"sac": EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml",
-          "td3": EXAMPLES / "sweeps" / "pendulum-td3-zoo-seeds.yaml"}
-OUTPUTS = {"sac": RESULTS / "continuous.json", "td3": RESULTS / "continuous_td3.json"}
-TARGET = -200.0
+PENDULUM, IDP = "Pendulum-v1", "InvertedDoublePendulum-v5"
+SWEEPS = {(PENDULUM, "sac"): EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml",
+          (PENDULUM, "td3"): EXAMPLES / "sweeps" / "pendulum-td3-zoo-seeds.yaml",
+          (IDP, "sac"): EXAMPLES / "sweeps" / "inverted-double-pendulum-sac-seeds.yaml"}
+OUTPUTS = {(PENDULUM, "sac"): RESULTS / "continuous.json", (PENDULUM, "td3"): RESULTS / "continuous_td3.json",
+           (IDP, "sac"): RESULTS / "continuous_mujoco.json"}
+#: Pendulum-v1: swung up and held; InvertedDoublePendulum-v5: gymnasium's reward threshold for it.
+TARGETS = {PENDULUM: -200.0, IDP: 9100.0}
 
 
 def arguments(p) -> None:
-    p.add_argument("--algo", choices=sorted(SWEEPS), default="sac")
+    p.add_argument("--algo", choices=sorted({algo for _, algo in SWEEPS}), default="sac")
+    p.add_argument("--task", choices=[PENDULUM, IDP], default=PENDULUM)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--sb3-python", default=str(BENCH / ".venvs" / "sb3" / "bin" / "python"))
 
@@ -54,7 +64,7 @@ def interval(values: list[float]) -> dict[str, Any]:
     return iqm_interval(values, 1)
 
 
-def run_kuberl(sweep: Path, seeds: int) -> dict[str, Any]:
+def run_kuberl(sweep: Path, seeds: int, target: float) -> dict[str, Any]:
     with kuberl_sweep(sweep, "bench-continuous-") as (rows, whole, load):
         trials = []
         for row in rows[:seeds]:
@@ -65,16 +75,16 @@ def run_kuberl(sweep: Path, seeds: int) -> dict[str, Any]:
     returns = [t["evaluation_return"] for t in trials]
     return {"command": f"kuberl sweep {sweep.relative_to(REPO)}", "whole_command_seconds": whole,
             "loadavg_start": load, "trials": trials, "evaluation_return": interval(returns),
-            "seeds_at_target": sum(r >= TARGET for r in returns)}
+            "seeds_at_target": sum(r >= target for r in returns)}
 
 
-def run_sb3(python: str, algo: str, seeds: int) -> dict[str, Any]:
+def run_sb3(python: str, algo: str, seeds: int, task: str, target: float) -> dict[str, Any]:
     trials, total = [], 0.0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     for seed in range(seeds):
         t0 = time.perf_counter()
-        proc = subprocess.run([python, str(BENCH / "peer_sb3_continuous.py"), "--algo", algo, "--seed", str(seed)],
-                              cwd=REPO, capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run([python, str(BENCH / "peer_sb3_continuous.py"), "--algo", algo, "--seed", str(seed),
+                               "--env", task], cwd=REPO, capture_output=True, text=True, env=env, check=False)
         wall = time.perf_counter() - t0
         total += wall
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -86,22 +96,27 @@ def run_sb3(python: str, algo: str, seeds: int) -> dict[str, Any]:
                        "training_seconds": result["train_seconds"], "process_seconds": round(wall, 1)})
         print(f"sb3 seed {seed}: {trials[-1]}", file=sys.stderr, flush=True)
     returns = [t["evaluation_return"] for t in trials]
-    return {"command": f"bench/.venvs/sb3/bin/python bench/peer_sb3_continuous.py --algo {algo} --seed N, "
-                       f"N = 0..{seeds - 1}",
+    return {"command": f"bench/.venvs/sb3/bin/python bench/peer_sb3_continuous.py --algo {algo} --seed N "
+                       f"--env {task}, N = 0..{seeds - 1}",
             "whole_command_seconds": round(total, 1), "trials": trials, "evaluation_return": interval(returns),
-            "seeds_at_target": sum(r >= TARGET for r in returns)}
+            "seeds_at_target": sum(r >= target for r in returns)}
 
 
 def main() -> None:
     bench = Bench(__doc__, None, arguments, output_help="the result file (default: bench/results/continuous.json "
-                                                        "for SAC, continuous_td3.json for TD3)")
+                                                        "for SAC, continuous_td3.json for TD3, continuous_mujoco.json "
+                                                        "for InvertedDoublePendulum-v5)")
     args = bench.args
-    bench.output = bench.output or OUTPUTS[args.algo]
+    key = (args.task, args.algo)
+    if key not in SWEEPS:
+        raise SystemExit(f"no sweep for {args.algo} on {args.task}: {sorted(SWEEPS)}")
+    bench.output = bench.output or OUTPUTS[key]
+    target = TARGETS[args.task]
     before = load_average()
-    ours = run_kuberl(SWEEPS[args.algo], args.seeds)
+    ours = run_kuberl(SWEEPS[key], args.seeds, target)
     print(f"kuberl: {ours['evaluation_return']} in {ours['whole_command_seconds']} s", file=sys.stderr, flush=True)
-    peer = run_sb3(args.sb3_python, args.algo, args.seeds)
-    results = {"task": "Pendulum-v1", "env_steps": 20_000, "target_return": TARGET, "loadavg_before": before,
+    peer = run_sb3(args.sb3_python, args.algo, args.seeds, args.task, target)
+    results = {"task": args.task, "env_steps": 20_000, "target_return": target, "loadavg_before": before,
                f"kuberl_{args.algo}": ours, f"sb3_{args.algo}_zoo": peer}
     summary = {
         f"kuberl_{args.algo}_evaluation_iqm": ours["evaluation_return"],

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the peers' virtualenvs for bench/bench_cartpole.py, outside the project's dependencies,
 # under $KUBERL_BENCH_VENVS (default bench/.venvs, gitignored):
-#   sb3    stable-baselines3==2.9.2 + gymnasium
+#   sb3    stable-baselines3==2.9.2 + gymnasium, with MuJoCo (mujoco 3.3.7) for bench/bench_continuous.py's
+#          MuJoCo task
 #   rllib  ray[rllib]==2.60.0 + gymnasium, and PettingZoo with MPE (mpe2) for bench/bench_multiagent.py
 # Both share the main venv's torch==2.13.0 (KUBERL_VENV, default .venv; made by scripts/setup-venv)
 # instead of holding a copy each: with PyPI's CUDA build that is 5 GB a venv. The share is a folder
@@ -81,7 +82,7 @@ make_venv() {  # name, peer requirements...
 
 for t in "${targets[@]}"; do
   case $t in
-    sb3) make_venv sb3 stable-baselines3==2.9.2 gymnasium ;;
+    sb3) make_venv sb3 stable-baselines3==2.9.2 gymnasium "gymnasium[mujoco]" mujoco==3.3.7 ;;
     rllib) make_venv rllib "ray[rllib]==2.60.0" gymnasium pettingzoo==1.27.0 mpe2==1.1.1 ;;
     *) echo "unknown peer $t (sb3 | rllib)" >&2; exit 2 ;;
   esac

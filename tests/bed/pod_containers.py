@@ -76,6 +76,7 @@ class PodState:
     containers: dict[str, ContainerState]
     init_containers: dict[str, ContainerState]
     terminating: threading.Event
+    grace: int  # the pod's termination grace period, seconds
     write_status: Callable[[], None]
 
 
@@ -161,6 +162,11 @@ class ContainerRuns(PodState):
         state.state = {"running": {"startedAt": utc_now()}}
         state.started = True
         state.ready = not spec.get("readinessProbe") and not state.init
+        if self.terminating.is_set():
+            # The pod was deleted while this container started: `stop` found it not yet running and left it,
+            # so it stops here, with the pod's grace period, as a kubelet's pod worker stops what it started.
+            # (A worker pod created just before its job finished ran on for minutes so, a leftover.)
+            self.agent.podman("stop", "--time", str(self.grace), podman_name, check=False, timeout=self.grace + 60)
 
     def _wait(self, state: ContainerState) -> int:
         """Block until the container exits; record its terminated state; return its exit code."""

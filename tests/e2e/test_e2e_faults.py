@@ -308,8 +308,9 @@ def orphans(bed: OneNodeCluster, job: str) -> list[str]:
     pods of the job other than the finished learner."""
     pods = bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={job}")
     uids = {p["metadata"]["uid"] for p in pods}
-    extra = [f"pod {p['metadata']['name']} ({(p.get('status') or {}).get('phase')})" for p in pods
-             if p["metadata"]["name"] != f"{job}-learner"]
+    extra = [f"pod {p['metadata']['name']} ({(p.get('status') or {}).get('phase')}"
+             f"{', deleted at ' + p['metadata']['deletionTimestamp'] if p['metadata'].get('deletionTimestamp') else ''})"
+             for p in pods if p["metadata"]["name"] != f"{job}-learner"]
     containers = [(n, u, s) for n, u, s in bed_objects(bed) if f"_{job}-" in n]
     extra += [f"container {n} ({s})" for n, u, s in containers if u not in uids or s == "running"]
     return extra

@@ -55,12 +55,16 @@ def test_a_shared_policy_learns_simple_spread_on_a_short_budget(algorithm, steps
                                                                                    "start": 0}
 
 
-def test_self_play_learns_pettingzoo_tictactoe_against_frozen_copies_of_itself(local_ray, tmp_path):
-    """The self-play example (classic/tictactoe-v3 under policies: selfPlay) on a short budget: the greedy policy
-    beats uniformly random play from both seats by far more than random play does (X wins 58.5% of random games
-    and O 28.8%), and the suites count its games seat by seat."""
+@pytest.mark.parametrize(("algorithm", "steps"), [("DQN", 30_000), ("PPO", 60_000)])
+def test_self_play_learns_pettingzoo_tictactoe_against_frozen_copies_of_itself(algorithm, steps, local_ray, tmp_path):
+    """The self-play example (classic/tictactoe-v3 under policies: selfPlay) on a short budget, with its DQN and
+    with PPO's defaults: the greedy policy beats uniformly random play from both seats by far more than random
+    play does (X wins 58.5% of random games and O 28.8%), and the suites count its games seat by seat."""
     job_dict = yaml.safe_load((REPO / "examples" / "tictactoe-selfplay-dqn.yaml").read_text())
-    job_dict["spec"]["stopping"] = {"maxEnvSteps": 30_000}
+    if algorithm == "PPO":
+        job_dict["spec"]["algorithm"] = {"name": "PPO"}
+        job_dict["spec"]["collection"] = {"mode": "sync"}  # PPO learns on-policy
+    job_dict["spec"]["stopping"] = {"maxEnvSteps": steps}
     for suite in job_dict["spec"]["evaluation"]["suites"]:
         suite["episodes"] = 300
     job = parse_job(job_dict)

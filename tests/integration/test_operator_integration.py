@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -726,7 +727,8 @@ def test_a_running_job_keeps_its_pods_when_the_server_refuses_its_scale_up(clust
     held = wait_until(lambda: (c := condition(cluster, "ChangeRefused")).get("status") == "True" and c,
                       what="ChangeRefused True")
     assert held["reason"] == "Invalid" and "Sometimes" in held["message"], held
-    assert "keeps the pods it has" in held["message"] and "(try 1; next in" in held["message"], held
+    # Which try the first look sees depends on the machine's speed (the second comes 1 s after the first).
+    assert "keeps the pods it has" in held["message"] and re.search(r"\(try \d+; next in", held["message"]), held
     assert uids(pods(cluster)) == before
     assert status(cluster)["phase"] == "Running"
     # kopf posts Events from its own queue, after the status patch that carries the condition.
