@@ -3,10 +3,9 @@
 An env opts in by offering `set_opponent_policy(policy)` and asking for it: Tic-Tac-Toe in its kwargs
 (`opponent: self` or `mix`), a PettingZoo env under `environment.multiAgent.policies: selfPlay` by its
 `self_play_refresh_updates` (kuberl.trainer.envs.selfplay_agents). The worker then keeps one
-`FrozenOpponent` — a greedy,
-masked numpy copy of its acting policy — installed in every env copy, and replaces the copy once
-the learner's weights are `opponent_refresh_updates` gradient updates newer (0: on every weights
-change). The numpy-batched env asks it once per step for all its games (`FrozenOpponent.batch`,
+`FrozenOpponent` — a greedy, masked numpy copy of its acting policy — installed in every env copy,
+and replaces the copy once the learner's weights are that many gradient updates newer (0: on every
+weights change). The numpy-batched env asks it once per step for all its games (`FrozenOpponent.batch`,
 one forward pass); a per-env env once per opponent move, so those answers are cached per position
 until the next refresh. Numpy, no torch.
 """
