@@ -12,7 +12,10 @@ def opponent_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]
     from kuberl.trainer.envs import TICTACTOE_ID
 
     field = f"spec.evaluation.suites[{suite.name}]"
-    self_play = spec.environment.multi_agent is not None and spec.environment.multi_agent.policies.value == "selfPlay"
+    from kuberl.api.job import AgentPolicies
+
+    multi_agent = spec.environment.multi_agent
+    self_play = multi_agent is not None and multi_agent.policies == AgentPolicies.SELF_PLAY
     if spec.environment.id != TICTACTOE_ID and not self_play:
         raise ValueError(f"{field}.kind: opponent needs a two-player env ({TICTACTOE_ID}, or a PettingZoo game "
                          f"under environment.multiAgent.policies: selfPlay), got spec.environment.id "
