@@ -14,6 +14,8 @@ time of the whole command (the sweep; each SB3 process) beside each trial's trai
   bench/results/continuous_mujoco.json): KubeRL's defaults through `kuberl sweep
   examples/sweeps/inverted-double-pendulum-sac-seeds.yaml` against SB3 with rl-baselines3-zoo's MuJoCo defaults;
   the target is gymnasium's reward threshold for the task, 9,100.
+- TD3 on it (`--algo td3 --task InvertedDoublePendulum-v5`, bench/results/continuous_mujoco_td3.json): both with
+  rl-baselines3-zoo's MuJoCo settings for TD3 (`examples/sweeps/inverted-double-pendulum-td3-zoo-seeds.yaml`).
 
 SB3 runs with one thread (bench/peer_sb3_continuous.py).
 
@@ -46,9 +48,10 @@ from common import (
 PENDULUM, IDP = "Pendulum-v1", "InvertedDoublePendulum-v5"
 SWEEPS = {(PENDULUM, "sac"): EXAMPLES / "sweeps" / "pendulum-sac-seeds.yaml",
           (PENDULUM, "td3"): EXAMPLES / "sweeps" / "pendulum-td3-zoo-seeds.yaml",
-          (IDP, "sac"): EXAMPLES / "sweeps" / "inverted-double-pendulum-sac-seeds.yaml"}
+          (IDP, "sac"): EXAMPLES / "sweeps" / "inverted-double-pendulum-sac-seeds.yaml",
+          (IDP, "td3"): EXAMPLES / "sweeps" / "inverted-double-pendulum-td3-zoo-seeds.yaml"}
 OUTPUTS = {(PENDULUM, "sac"): RESULTS / "continuous.json", (PENDULUM, "td3"): RESULTS / "continuous_td3.json",
-           (IDP, "sac"): RESULTS / "continuous_mujoco.json"}
+           (IDP, "sac"): RESULTS / "continuous_mujoco.json", (IDP, "td3"): RESULTS / "continuous_mujoco_td3.json"}
 #: Pendulum-v1: swung up and held; InvertedDoublePendulum-v5: gymnasium's reward threshold for it.
 TARGETS = {PENDULUM: -200.0, IDP: 9100.0}
 

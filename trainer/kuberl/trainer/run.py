@@ -298,6 +298,11 @@ def _train_and_evaluate(run: _Run, loop: Loop, ray_seconds: float, timeline: Tim
         # workers with it. Training is not over: save it and leave within the grace period; an
         # evaluation here would outlive the workers, fail, and lose the checkpoint.
         checkpoint_when_due(loop, force=True)
+        if run.job.spec.checkpointing.enabled:
+            # Said at the default level: what the replacement resumes from, and a post-mortem's anchor.
+            from kuberl.trainer.checkpoint import checkpoint_path
+            log.warning("stopped by SIGTERM: iteration %d is in %s", loop.last_ckpt_iter,
+                        checkpoint_path(loop.ckpt_dir, loop.last_ckpt_iter).name)
         evaluation = {}
     else:
         evaluation = evaluate(loop) if run.job.spec.evaluation.enabled else {}
