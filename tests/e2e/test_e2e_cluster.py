@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -360,6 +361,20 @@ def test_many_agents_from_the_spread_example_train_to_complete_on_the_cluster(be
     # simple_spread pays an agent minus the landmarks' distances each step: 25 steps of it, below 0.
     assert -100 < status["evaluation"]["deterministic"]["meanReturn"] < 0, status
     delete_and_check_nothing_left(bed, "spread-ppo")
+
+
+def test_policy_groups_from_the_adversary_example_train_to_complete_on_the_cluster(bed):
+    """Policy groups on the cluster: each rollout worker pod acts for the adversary and the good agents with
+    their groups' own policies, and the learner reports each group's return. A short budget: the claim here is
+    the path, learning is the integration test's."""
+    job = example("adversary-ppo-groups.yaml", **{"stopping": {"maxEnvSteps": 6_000}, "evaluation": {"episodes": 2}})
+    apply(bed, job)
+    wait_complete(bed, "adversary-ppo-groups", 600)
+    progress = learner_figures(bed, "adversary-ppo-groups")["progress"]
+    assert progress["envSteps"] >= 6_000 and progress["episodes"] * 25 <= progress["envSteps"], progress
+    logs = bed.kubectl("logs", "-n", NS, "adversary-ppo-groups-learner").stdout
+    assert re.search(r"evaluation by policy\s*│\s*adversary -?[0-9.]+, good -?[0-9.]+", logs), logs[-3000:]
+    delete_and_check_nothing_left(bed, "adversary-ppo-groups")
 
 
 def test_self_play_in_a_pettingzoo_game_trains_to_complete_on_the_cluster(bed):

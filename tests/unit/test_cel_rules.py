@@ -144,6 +144,12 @@ BAD = {
     "self-play-settings-shared": (lambda m: m["spec"]["environment"].update(id="mpe2.simple_spread_v3:parallel_env",
         multiAgent={"policies": "shared", "selfPlay": {"refreshUpdates": 10}}), "spec.environment.multiAgent",
         "selfPlay is set only with policies: selfPlay"),
+    "groups-without-policies-groups": (lambda m: m["spec"]["environment"].update(
+        id="mpe2.simple_adversary_v3:parallel_env", multiAgent={"groups": {"a": ["adversary_0"], "b": ["agent_0"]}}),
+        "spec.environment.multiAgent", "groups goes with policies: groups"),
+    "policies-groups-without-groups": (lambda m: m["spec"]["environment"].update(
+        id="mpe2.simple_adversary_v3:parallel_env", multiAgent={"policies": "groups"}),
+        "spec.environment.multiAgent", "groups goes with policies: groups"),
     "serving-ports-equal": (lambda m: m["spec"].update(serving={"port": 9000, "metricsPort": 9000}, checkpointing={
         "volume": {"claimName": "checkpoints"}}), "spec.serving", "port and metricsPort must differ"),
 }
@@ -175,6 +181,8 @@ GOOD = {
         "policies": "selfPlay", "selfPlay": {"refreshUpdates": 0, "opponentEpsilon": 1}}),
     "self-play-defaults": lambda m: m["spec"]["environment"].update(id="classic/tictactoe-v3",
                                                                     multiAgent={"policies": "selfPlay"}),
+    "policy-groups": lambda m: m["spec"]["environment"].update(id="mpe2.simple_adversary_v3:parallel_env", multiAgent={
+        "policies": "groups", "groups": {"adversary": ["adversary_0"], "good": ["agent_0", "agent_1"]}}),
     "preference-config-map": lambda m: m["spec"]["algorithm"].update(name="BDQ", bdq={"preference": {
         "configMap": "pairs"}}),
 }

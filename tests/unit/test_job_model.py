@@ -13,7 +13,7 @@ import typing
 import pytest
 import yaml
 from conftest import REPO
-from kuberl.api.crd import crd, crd_yaml
+from kuberl.api.crd import crd, crd_yaml, sweep_crd
 from kuberl.api.job import AlgorithmName, RLTrainingJob
 from kuberl.api.load import (
     MAX_DEPTH,
@@ -156,6 +156,28 @@ def test_invalid_file_starts_nothing(job_dict, tmp_path):
 def test_committed_crd_matches_the_model():
     committed = (REPO / "crds" / "rltrainingjob.yaml").read_text()
     assert committed == crd_yaml(), "crds/rltrainingjob.yaml is stale: run `kuberl crd -o crds/rltrainingjob.yaml`"
+
+
+def _keywords(node, path="") -> list[tuple[str, str]]:
+    if isinstance(node, dict):
+        found = [(path, k) for k in node if k in ("patternProperties", "definitions", "dependencies", "$ref",
+                                                   "$schema", "additionalItems", "id")]
+        for key, value in node.items():
+            # A property may be named like a keyword (`id`); what is under `properties` are names, not keywords.
+            found += [f for name, sub in (value.items() if key == "properties" else [(key, value)])
+                      for f in _keywords(sub, f"{path}.{name}")]
+        return found
+    if isinstance(node, list):
+        return [f for item in node for f in _keywords(item, path)]
+    return []
+
+
+def test_the_crd_schemas_use_no_keyword_the_api_server_refuses():
+    # The API server refuses these in a CRD's schema (apiextensions' structural rules): a dict whose keys carry
+    # a pattern becomes patternProperties in pydantic's schema, and the whole CRD fails to install.
+    for doc in (crd(), sweep_crd()):
+        schema = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert not _keywords(schema), _keywords(schema)
 
 
 def test_crd_shape_and_schema_validity():

@@ -19,7 +19,7 @@ from pettingzoo.test import parallel_api_test
 from kuberl.api.load import parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.trainer.algorithms.ppo import PPO
-from kuberl.trainer.envs.multiagent import SharedPolicyAgents
+from kuberl.trainer.envs.multiagent import AgentEntries
 from kuberl.trainer.envs.resolve import check_environment
 from kuberl.trainer.networks import ActorCritic, QNetwork, numpy_params
 from kuberl.trainer.policies import make_policy
@@ -109,7 +109,7 @@ def test_each_agent_of_each_copy_is_an_entry_stepped_as_pettingzoo_steps_it():
 
 
 def test_an_agent_gone_before_the_others_sits_out_uncounted_until_its_copy_resets():
-    env = SharedPolicyAgents(Relay, copies=2)
+    env = AgentEntries(Relay, copies=2)
     info = space_info(env.single_observation_space, env.single_action_space)
     sampler = Sampler(env, info, seeds=[1, 2])
     batch = sampler.onpolicy(_ppo_policy(info), np.random.default_rng(0), num_steps=8, gamma=0.99)
@@ -126,7 +126,7 @@ def test_an_agent_gone_before_the_others_sits_out_uncounted_until_its_copy_reset
 
 
 def test_ppo_learns_from_the_steps_agents_acted_in_only():
-    env = SharedPolicyAgents(Relay, copies=1)
+    env = AgentEntries(Relay, copies=1)
     info = space_info(env.single_observation_space, env.single_action_space)
     batch = Sampler(env, info, seeds=[0]).onpolicy(_ppo_policy(info), np.random.default_rng(1), 8, 0.99)
     job = parse_job(_job({"id": "x:y", "multiAgent": {}}))
@@ -141,7 +141,7 @@ def test_ppo_learns_from_the_steps_agents_acted_in_only():
 
 
 def test_dqn_transitions_are_the_acting_agents_only():
-    env = SharedPolicyAgents(Relay, copies=1)
+    env = AgentEntries(Relay, copies=1)
     info = space_info(env.single_observation_space, env.single_action_space)
     policy = make_policy(info, {"kind": "dqn", "n_layers": 2, "activation": "relu", "dueling": False})
     policy.load(_random_params(QNetwork(info, [16, 16], "relu", False)))
@@ -161,11 +161,11 @@ def test_dqn_transitions_are_the_acting_agents_only():
 
 
 def test_evaluation_plays_one_episode_per_agent_per_seed():
-    env = SharedPolicyAgents(Relay, copies=1)
+    env = AgentEntries(Relay, copies=1)
     info = space_info(env.single_observation_space, env.single_action_space)
     evaluator = GreedyEvaluator("unused:Relay", {}, None, info, env.single_observation_space, {})
     policy = _ppo_policy(info)
-    result = evaluator._play_side_by_side(policy, SharedPolicyAgents(Relay, copies=3), [1, 2, 3])
+    result = evaluator._play_side_by_side(policy, AgentEntries(Relay, copies=3), [1, 2, 3])
     assert sorted(result[1]) == [2, 2, 2, 4, 4, 4]
 
 

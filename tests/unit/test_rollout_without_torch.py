@@ -85,7 +85,8 @@ def test_an_example_naming_an_image_names_the_trainer_image():
     """Its environment needs more than the rollout image holds (MPE's pygame and SciPy, PettingZoo's classic
     games' pygame): the trainer image has it, so the example runs on a cluster as it is."""
     named = {example: _image(example) for example in ALL_EXAMPLES if _image(example) is not None}
-    assert named == {"spread-ppo.yaml": DEFAULT_TRAINER_IMAGE, "tictactoe-selfplay-dqn.yaml": DEFAULT_TRAINER_IMAGE}
+    assert named == {"spread-ppo.yaml": DEFAULT_TRAINER_IMAGE, "tictactoe-selfplay-dqn.yaml": DEFAULT_TRAINER_IMAGE,
+                     "adversary-ppo-groups.yaml": DEFAULT_TRAINER_IMAGE}
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

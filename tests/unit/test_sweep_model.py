@@ -35,6 +35,13 @@ def test_the_example_is_valid(sweep):
     assert parsed.spec.seeds * 3 == parsed.spec.max_trials == 15
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "examples" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_sweep_is_valid(path):
+    # A sweep that `kuberl sweep` would refuse (a name too long for its trials' jobs, say) fails here, not when
+    # a user or a benchmark first runs it.
+    parse_sweep(yaml.safe_load(path.read_text()))
+
+
 def test_an_unknown_path_names_the_parameter_and_lists_the_fields(sweep):
     sweep["spec"]["parameters"][0]["path"] = "algorithm.ppo.learningRat"
     found = problems(sweep)

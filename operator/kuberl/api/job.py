@@ -7,6 +7,7 @@ parse a job with these classes, and `kuberl crd` generates the CRD's openAPIV3Sc
 from __future__ import annotations
 
 import enum
+import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -536,6 +537,24 @@ MODULE_SEPARATOR = ":"
 class AgentPolicies(str, enum.Enum):
     SHARED = "shared"
     SELF_PLAY = "selfPlay"
+    GROUPS = "groups"
+
+
+_GROUP_NAME = re.compile(r"[a-z][a-z0-9_-]{0,30}")
+
+
+def _check_group_name(name: str) -> str:
+    # Checked here, not in the CRD: the API server takes no pattern on a map's keys (patternProperties).
+    if not _GROUP_NAME.fullmatch(name):
+        raise ValueError(f"group name {name[:80]!r} is not valid: a lowercase letter, then at most 30 lowercase "
+                         "letters, digits, '_' or '-' (it names the group's metrics and TensorBoard tags)")
+    return name
+
+
+#: A policy group's name (a metric label and a TensorBoard tag).
+GroupName = Annotated[str, AfterValidator(_check_group_name)]
+#: A PettingZoo agent's name, as the env's possible_agents lists it.
+AgentName = Annotated[str, Field(min_length=1, max_length=63)]
 
 
 class SelfPlaySpec(_Model):
@@ -558,18 +577,26 @@ class MultiAgentSpec(_Model):
     RULES = (Rule("!has(self.selfPlay) || self.policies == 'selfPlay'",
                   "selfPlay is set only with policies: selfPlay",
                   lambda m: m.self_play is None or m.policies == AgentPolicies.SELF_PLAY,
-                  lambda m: f"policies {m.policies.value}"),)
+                  lambda m: f"policies {m.policies.value}"),
+             Rule("has(self.groups) == (has(self.policies) && self.policies == 'groups')",
+                  "groups goes with policies: groups",
+                  lambda m: (m.groups is not None) == (m.policies == AgentPolicies.GROUPS),
+                  lambda m: f"policies {m.policies.value}"))
 
     policies: AgentPolicies = Field(
         default=AgentPolicies.SHARED,
         description="shared: one policy acts for every agent and learns from all their steps (parameter "
-        "sharing); every agent needs the same observation and action spaces. Env steps count agent steps. "
-        "selfPlay: the policy plays one seat of each game against frozen past versions of itself.")
+        "sharing); every agent needs the same observation and action spaces. "
+        "selfPlay: the policy plays one seat of each game against frozen past versions of itself. groups: a "
+        "policy per group of agents.")
     self_play: SelfPlaySpec | None = Field(default=None, description="The opponents of policies: selfPlay.")
+    groups: dict[GroupName, Annotated[list[AgentName], Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, min_length=2, max_length=8,
+        description="Group name -> its agents (policies: groups).")
     agent_id_in_observation: bool = Field(
         default=False,
-        description="Append the agent's one-hot index (in the env's possible_agents order) to its observation, so "
-        "a shared policy can act differently for each agent.")
+        description="Append the agent's one-hot index (in its group's, or possible_agents', order) to its "
+        "observation.")
 
 
 class EnvironmentSpec(_Model):

@@ -19,6 +19,7 @@ from typing import Any
 from kuberl.api.job import (
     ACTION_SPACES_SUPPORTED,
     MODULE_SEPARATOR,
+    AgentPolicies,
     AlgorithmName,
     RLTrainingJobSpec,
     algorithms_acting_in,
@@ -105,7 +106,9 @@ def check_registered(spec: RLTrainingJobSpec) -> list[Problem]:
     full check before it trains. The spaces are those at default kwargs, so with kwargs given only their
     names are checked here."""
     env_id = spec.environment.id
-    if names_code(env_id) or spec.environment.multi_agent is not None:
+    if spec.environment.multi_agent is not None:
+        return policy_groups_problems(spec)
+    if names_code(env_id):
         return []
     table = registered_envs()
     row = table.get(env_id)
@@ -118,6 +121,23 @@ def check_registered(spec: RLTrainingJobSpec) -> list[Problem]:
     if spec.environment.kwargs or row.action is None or row.observation is None:
         return []
     return check_spaces(spec, row.action, row.observation)
+
+
+def policy_groups_problems(spec: RLTrainingJobSpec) -> list[Problem]:
+    """Policy groups (environment.multiAgent.policies: groups) train with PPO, on one learner: each group's
+    update is an on-policy one over its agents' columns of the iteration's batches."""
+    multi = spec.environment.multi_agent
+    if multi is None or multi.policies != AgentPolicies.GROUPS:
+        return []
+    problems = []
+    name = spec.algorithm.name.value
+    if spec.algorithm.name != AlgorithmName.PPO:
+        problems.append(Problem("spec.algorithm.name", f"policies: groups trains with PPO; {name} trains one shared "
+                                "policy (policies: shared) or by self-play", name))
+    if spec.learner.replicas > 1:
+        problems.append(Problem("spec.learner.replicas", "policies: groups trains on one learner (1)",
+                                spec.learner.replicas))
+    return problems
 
 
 def check_spaces(spec: RLTrainingJobSpec, action: SpaceInfo, observation: SpaceInfo) -> list[Problem]:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kuberl.trainer.metrics import METRICS, LearnerMetrics
+from kuberl.trainer.metrics import METRICS, POLICY_RETURN_PREFIX, LearnerMetrics
 
 
 @dataclass
@@ -101,6 +101,8 @@ def publish_iteration(metrics: LearnerMetrics, counters: Counters, tally: Tally)
     for key, value in tally.extra.items():  # the algorithm's figures that are metrics (kuberl_preference_*)
         if METRICS.get(f"kuberl_{key}", ("",))[0] == "gauge" and not math.isnan(value):
             metrics.set(f"kuberl_{key}", value)
+        elif key.startswith(POLICY_RETURN_PREFIX):  # a policy group's return (algorithms.groups)
+            metrics.set_policy_return(key.removeprefix(POLICY_RETURN_PREFIX), value)
 
 
 def publish_restored(metrics: LearnerMetrics, counters: Counters, desired_workers: int) -> None:

@@ -25,6 +25,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "kuberl_gradient_updates_total": ("counter", "Gradient (or table) updates applied by the learner."),
     "kuberl_iterations_total": ("counter", "Learner iterations (collect + learn rounds)."),
     "kuberl_episode_return_mean": ("gauge", "Mean training return over the stopping window."),
+    "kuberl_policy_episode_return_mean": (
+        "gauge", "Mean training return of one policy group's agents (environment.multiAgent.groups) in the "
+                 "iteration's episodes, labelled by policy."),
     "kuberl_rollout_workers_ready": ("gauge", "Rollout workers alive and sampling."),
     "kuberl_rollout_workers_desired": ("gauge", "Rollout workers wanted by the job spec."),
     "kuberl_rollout_worker_restarts_total": ("counter", "Rollout actors that died and were replaced."),
@@ -68,7 +71,10 @@ METRICS: dict[str, tuple[str, str]] = {
 
 
 #: Metrics with a label of their own beside LABELS.
-EXTRA_LABELS = {"kuberl_evaluation_win_rate": ("suite",), "kuberl_stopped_by": ("reason",)}
+#: A metrics row's key for one policy group's mean return: `mean_return/<group>` (kuberl.trainer.algorithms.groups).
+POLICY_RETURN_PREFIX = "mean_return/"
+EXTRA_LABELS = {"kuberl_evaluation_win_rate": ("suite",), "kuberl_stopped_by": ("reason",),
+                "kuberl_policy_episode_return_mean": ("policy",)}
 #: Metrics exported only once set: a job without a tracker has no tracker to call unreachable.
 ONLY_ONCE_SET = frozenset({"kuberl_tracker_reachable"})
 
@@ -127,6 +133,9 @@ class LearnerMetrics:
 
     def set_win_rate(self, suite: str, value: float) -> None:
         self._m["kuberl_evaluation_win_rate"].labels(*self.labels.values(), suite).set(value)
+
+    def set_policy_return(self, policy: str, value: float) -> None:
+        self._m["kuberl_policy_episode_return_mean"].labels(*self.labels.values(), policy).set(value)
 
     def set_stopped_by(self, reason: str) -> None:
         self._m["kuberl_stopped_by"].labels(*self.labels.values(), reason).set(1)

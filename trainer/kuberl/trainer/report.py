@@ -260,6 +260,8 @@ def summary_rows(summary: dict[str, Any], run_dir: Path) -> list[tuple[str, str]
         ("gradient updates", f"{summary['gradient_updates']:,}"),
         ("mean training return", "-" if training_return is None else _readable(training_return)),
         ("evaluation", "-" if not greedy else _episodes_text(greedy)),
+        *((("evaluation by policy", ", ".join(f"{name} {_readable(value)}" for name, value in by_policy.items())),)
+          if (by_policy := (greedy or {}).get("by_policy")) else ()),
         *((f"eval: {name}", _suite_text(result)) for name, result in evaluation.items()),
         ("worker restarts", str(summary["worker_restarts"])),
         *_time_rows(summary.get("time_split")),

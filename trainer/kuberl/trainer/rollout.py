@@ -232,6 +232,7 @@ class _Episodes:
         self.running_length = np.zeros(num_envs, dtype=np.int64)
         self.returns: list[float] = []
         self.lengths: list[int] = []
+        self.entries: list[int] = []  # the env (or agent entry) each ended episode was in: policy groups split by it
 
     def step(self, reward: np.ndarray, done: np.ndarray, acted: np.ndarray | None = None) -> np.ndarray | None:
         """Adds one step (of the entries that `acted`, where some did not: agents gone before the others);
@@ -244,14 +245,16 @@ class _Episodes:
         for i in ended:
             self.returns.append(float(self.running_return[i]))
             self.lengths.append(int(self.running_length[i]))
+            self.entries.append(int(i))
         self.running_return[done] = 0.0
         self.running_length[done] = 0
         return ended
 
     def drain(self) -> dict[str, np.ndarray]:
         """The ended episodes' returns and lengths since the last drain."""
-        out = {"episode_returns": np.asarray(self.returns), "episode_lengths": np.asarray(self.lengths, np.int64)}
-        self.returns, self.lengths = [], []
+        out = {"episode_returns": np.asarray(self.returns), "episode_lengths": np.asarray(self.lengths, np.int64),
+               "episode_entries": np.asarray(self.entries, np.int64)}
+        self.returns, self.lengths, self.entries = [], [], []
         return out
 
 
@@ -391,19 +394,23 @@ class GreedyEvaluator:
         kwargs = {**self.env_kwargs, **(env_kwargs or {})}
         returns: list[float] = []
         lengths: list[int] = []
+        policies: list[str] = []
         for start in range(0, len(seeds), EVAL_CHUNK):
             chunk = [int(s) for s in seeds[start:start + EVAL_CHUNK]]
             env = make_vector_env(self.env_id, kwargs, len(chunk), self.max_episode_steps,
                                   multi_agent=self.multi_agent)
             try:
-                r, n = self._play_side_by_side(policy, env, chunk)
+                r, n, p = self._play_side_by_side(policy, env, chunk)
             finally:
                 env.close()
             returns += r
             lengths += n
-        return {"returns": returns, "lengths": lengths}
+            policies += p
+        # Policy groups: which group's agent played each episode, so the evaluation reports each group's return.
+        return {"returns": returns, "lengths": lengths, **({"policies": policies} if policies else {})}
 
-    def _play_side_by_side(self, policy, env, seeds: list[int]) -> tuple[list[float], list[int]]:
+    def _play_side_by_side(self, policy, env, seeds: list[int]) -> tuple[list[float], list[int], list[str]]:
+        """Each episode's return and length, and with policy groups the group of the agent that played it."""
         n = env.num_envs
         n_act = self.info.action_dims[0] if self.info.action_kind == "Discrete" else 0
         raw, info = env.reset(seed=seeds)
@@ -421,7 +428,10 @@ class GreedyEvaluator:
             total += np.where(running, np.asarray(reward, np.float64), 0.0)
             steps += running
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
-        return [float(x) for x in total[playing]], [int(x) for x in steps[playing]]
+        groups = getattr(env, "groups", None) or []
+        names = [] if len(groups) < 2 else [next(g.name for g in groups if slot % env.n_agents in g.agents)
+                                            for slot in np.nonzero(playing)[0]]
+        return [float(x) for x in total[playing]], [int(x) for x in steps[playing]], names
 
 
 def _ray_node_id() -> str:

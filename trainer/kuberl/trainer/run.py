@@ -355,9 +355,7 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
     import torch
 
     from kuberl.trainer import checkpoint as ckpt
-    from kuberl.trainer.algorithms import algorithm_for
-    from kuberl.trainer.rollout import env_spaces
-    from kuberl.trainer.spaces import space_info
+    from kuberl.trainer.algorithms import algorithm_for_env
     from kuberl.trainer.threads import container_cpus, size_threads
 
     import_seconds = time.perf_counter() - t0
@@ -372,8 +370,7 @@ def _build_learner(spec, cluster: bool, replicas: int, resume_dir: Path | None) 
         torch.set_num_threads(max(1, ((os.cpu_count() or 1) - replicas) // spec.learner.replicas))
     log.info("torch threads: %d (container CPUs: %d)", torch.get_num_threads(), container_cpus())
     torch.manual_seed(spec.seed)
-    info = space_info(*env_spaces(spec.environment))
-    algo = algorithm_for(spec, info, device, spec.seed, spec.stopping.max_env_steps)
+    algo = algorithm_for_env(spec, device, spec.seed, spec.stopping.max_env_steps)
     counters = Counters()
     recent_returns: collections.deque[float] = collections.deque(maxlen=spec.stopping.return_window)
     store = _open_store(spec)

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kuberl.trainer.metrics import POLICY_RETURN_PREFIX
+
 log = logging.getLogger("kuberl.trainer")
 
 SUBDIR = "tensorboard"
@@ -48,7 +50,8 @@ def row_scalars(row: dict[str, Any]) -> dict[str, float]:
     for key, value in row.items():
         number = _number(value)
         if number is not None:
-            out[f"{_SECTION_OF.get(key, 'train')}/{key}"] = number
+            section = "rollout" if key.startswith(POLICY_RETURN_PREFIX) else _SECTION_OF.get(key, "train")
+            out[f"{section}/{key}"] = number
     return out
 
 

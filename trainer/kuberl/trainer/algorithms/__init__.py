@@ -12,6 +12,7 @@ from kuberl.api.job import AlgorithmName
 from kuberl.trainer.algorithms.base import Algorithm, LearnStats
 from kuberl.trainer.algorithms.bdq import BDQ
 from kuberl.trainer.algorithms.dqn import DQN
+from kuberl.trainer.algorithms.groups import PolicyGroups
 from kuberl.trainer.algorithms.ppo import PPO
 from kuberl.trainer.algorithms.qlearning import QLearning
 from kuberl.trainer.algorithms.sac import SAC
@@ -37,4 +38,27 @@ def algorithm_for(spec, info: SpaceInfo, device: torch.device, seed: int, total_
     return ALGORITHMS[name](spec.algorithm.hyperparameters(), info, device, seed, total_env_steps)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LearnStats", "algorithm_for"]
+def algorithm_for_env(spec, device: torch.device, seed: int, total_env_steps: int | None) -> Algorithm:
+    """The job's algorithm for its environment's spaces, probed from one copy of it: one algorithm, or one per
+    policy group (environment.multiAgent.policies: groups) in the groups' own spaces."""
+    from kuberl.api.job import AgentPolicies
+    from kuberl.api.semantics import policy_groups_problems
+    from kuberl.trainer.rollout import policy_spaces, probe_env
+    from kuberl.trainer.spaces import space_info
+
+    multi = spec.environment.multi_agent
+    env = probe_env(spec.environment)
+    try:
+        if multi is None or multi.policies != AgentPolicies.GROUPS:
+            return algorithm_for(spec, space_info(*policy_spaces(env)), device, seed, total_env_steps)
+        refused = policy_groups_problems(spec)
+        if refused:
+            raise ValueError("; ".join(f"{p.path}: {p.message}" for p in refused))
+        groups = [(g.name, g.agents, space_info(g.observation_space, g.action_space)) for g in env.groups]
+        return PolicyGroups(ALGORITHMS[spec.algorithm.name], spec.algorithm.hyperparameters(), groups,
+                            env.n_agents, device, seed, total_env_steps)
+    finally:
+        env.close()
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "LearnStats", "PolicyGroups", "algorithm_for", "algorithm_for_env"]

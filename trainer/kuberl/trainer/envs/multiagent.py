@@ -6,6 +6,12 @@ within a copy, in the env's `possible_agents` order. The samplers, PPO's advanta
 replay then treat an agent's steps as they treat an env's: an agent's episode is its steps from the
 copy's reset to its own end.
 
+With policy groups (environment.multiAgent.groups) the entries are the same, and each belongs to its
+agent's group: agents of one group share their spaces, groups need not. An entry's observation row is
+its group's encoding, zero-padded to the widest group's; the action space is the largest group's
+Discrete, and a group with fewer actions has the others masked. The acting policy and the learner split
+the entries by group (`AgentGroup`), so each group's policy sees only its own rows, widths and actions.
+
 PettingZoo lets agents leave before the others (an agent killed in a battle). An entry whose agent
 has gone is not alive until its copy resets: `info["alive"]` says which entries' agents act this
 step; the sampler neither counts nor trains on the others. A copy resets when its last agent ends,
@@ -22,6 +28,7 @@ Imports numpy and gymnasium here, PettingZoo when an env is built: rollout worke
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -90,36 +97,106 @@ class AgentEncoding:
         return flat, mask
 
 
-class SharedPolicyAgents:
+@dataclass(frozen=True)
+class AgentGroup:
+    """One policy's agents: its name, the agents' indices in possible_agents, and the spaces its policy acts in
+    (the agents' encoded observation, their action space)."""
+
+    name: str
+    agents: tuple[int, ...]
+    observation_space: gym.Space
+    action_space: gym.Space
+
+
+def agent_groups(env: Any, agents: list[str], groups: dict[str, list[str]] | None,
+                 agent_id: bool) -> tuple[list[AgentGroup], list[AgentEncoding]]:
+    """The policy groups (one, "shared", without `groups`) and each agent's encoding. Every agent in exactly one
+    group, and the agents of a group in the same spaces; refused naming the field otherwise."""
+    field = "spec.environment.multiAgent.groups"
+    if groups is None:
+        same_spaces(env, agents, "one shared policy (environment.multiAgent.policies: shared) acts for every agent",
+                    "spec.environment.multiAgent.policies")
+        named = {"shared": list(agents)}
+    else:
+        named = groups
+        listed = [a for members in named.values() for a in members]
+        unknown = sorted(set(listed) - set(agents))
+        twice = sorted({a for a in listed if listed.count(a) > 1})
+        missing = [a for a in agents if a not in listed]
+        for what, names in (("are not agents of the env", unknown), ("are in more than one group", twice),
+                            ("are in no group", missing)):
+            if names:
+                raise MultiAgentEnvError(f"agents {names} {what}: list each of the env's possible_agents {agents} "
+                                         "in exactly one group", field)
+    out: list[AgentGroup] = []
+    encodings: dict[int, AgentEncoding] = {}
+    for name, members in named.items():
+        if groups is not None:
+            same_spaces(env, members, f"the agents of group {name!r} share its policy", field)
+        encoding = AgentEncoding(env.observation_space(members[0]), len(members), agent_id)
+        action = env.action_space(members[0])
+        if groups is not None and not isinstance(action, gym.spaces.Discrete):
+            raise MultiAgentEnvError(f"group {name!r} acts in {action}: policies: groups takes Discrete action "
+                                     "spaces", field)
+        indices = tuple(agents.index(a) for a in members)
+        encodings.update({i: encoding for i in indices})
+        out.append(AgentGroup(name, indices, encoding.space, action))
+    return out, [encodings[i] for i in range(len(agents))]
+
+
+class AgentEntries:
     """`copies` copies of a PettingZoo parallel env as one vector env of agents (see the module's text).
 
     Takes the vector env's calls the samplers make: reset(seed=[one per copy]), step(actions) with one
-    action per entry, close(); `single_observation_space`, `single_action_space`, `num_envs`.
+    action per entry, close(); `single_observation_space`, `single_action_space`, `num_envs`; `groups`, the
+    policy groups its entries belong to (one without `groups`: the shared policy's).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
     def __init__(self, make: Callable[[], Any], copies: int, agent_id_in_observation: bool = False,
-                 max_episode_steps: int | None = None):
+                 max_episode_steps: int | None = None, groups: dict[str, list[str]] | None = None):
         self.parallel_envs = [as_parallel(make()) for _ in range(copies)]  # not `envs`: that is a SyncVectorEnv's
         first = self.parallel_envs[0]
         self.agents = list(first.possible_agents)
         if not self.agents:
             raise MultiAgentEnvError("the env has no possible_agents")
-        same_spaces(first, self.agents, "one shared policy (environment.multiAgent.policies: shared) acts "
-                    "for every agent", "spec.environment.multiAgent.policies")
-        self.encoding = AgentEncoding(first.observation_space(self.agents[0]), len(self.agents),
-                                      agent_id_in_observation)
-        self.single_observation_space = self.encoding.space
-        self.single_action_space = first.action_space(self.agents[0])
+        self.groups, self.encodings = agent_groups(first, self.agents, groups, agent_id_in_observation)
+        #: Each agent's index within its group (its one-hot index with agentIdInObservation).
+        self.index_in_group = [g.agents.index(i) for i in range(len(self.agents))
+                               for g in self.groups if i in g.agents]
+        self.single_observation_space, self.single_action_space = self._entry_spaces()
         self.n_agents, self.copies = len(self.agents), copies
         self.num_envs = copies * self.n_agents
         self.max_episode_steps = max_episode_steps
         self.steps = np.zeros(copies, np.int64)
-        self.obs = np.zeros((self.num_envs, self.encoding.width), np.float32)
+        width = int(self.single_observation_space.shape[0])
+        self.obs = np.zeros((self.num_envs, width), np.float32)
         self.alive = np.zeros(self.num_envs, bool)
-        n_actions = int(self.single_action_space.n) if isinstance(self.single_action_space, gym.spaces.Discrete) else 0
-        self.masks = np.ones((self.num_envs, n_actions), bool) if self.encoding.masked else None
+        self.masks = self._entry_masks()
+
+    def _entry_spaces(self) -> tuple[gym.Space, gym.Space]:
+        """One group: its own spaces. Several: the widest observation row, and the largest Discrete."""
+        if len(self.groups) == 1:
+            return self.groups[0].observation_space, self.groups[0].action_space
+        width = max(int(g.observation_space.shape[0]) for g in self.groups)
+        n = max(int(g.action_space.n) for g in self.groups)
+        return gym.spaces.Box(-np.inf, np.inf, (width,), np.float32), gym.spaces.Discrete(n)
+
+    def _entry_masks(self) -> np.ndarray | None:
+        """Every entry's legal moves, where any group has a mask (a classic env) or fewer actions than the others."""
+        space = self.single_action_space
+        n = int(space.n) if isinstance(space, gym.spaces.Discrete) else 0
+        sizes = {int(g.action_space.n) for g in self.groups} if n else set()
+        if not (any(e.masked for e in self.encodings) or len(sizes) > 1):
+            return None
+        masks = np.zeros((self.num_envs, n), bool)
+        for slot in range(self.num_envs):
+            masks[slot, :self._actions_of(slot % self.n_agents)] = True
+        return masks
+
+    def _actions_of(self, agent: int) -> int:
+        return next(int(g.action_space.n) for g in self.groups if agent in g.agents)
 
     def _entries(self, copy: int) -> range:
         return range(copy * self.n_agents, (copy + 1) * self.n_agents)
@@ -136,10 +213,11 @@ class SharedPolicyAgents:
         self.steps[copy] = 0
 
     def _set_obs(self, slot: int, obs: Any, index: int) -> None:
-        row, mask = self.encoding.row(obs, index)
-        self.obs[slot] = row
+        row, mask = self.encodings[index].row(obs, self.index_in_group[index])
+        self.obs[slot, :row.size] = row
         if self.masks is not None:
-            self.masks[slot] = mask if mask is not None and mask.any() else True
+            n = self._actions_of(index)
+            self.masks[slot, :n] = mask if mask is not None and mask.any() else True
 
     def _info(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         info: dict[str, Any] = {"alive": self.alive.copy()}

@@ -25,7 +25,14 @@ import gymnasium as gym
 import kuberl.trainer.envs  # noqa: F401  (registers the kuberl/* ids)
 from kuberl.api.job import AgentPolicies, MultiAgentSpec, RLTrainingJobSpec, SelfPlaySpec
 from kuberl.api.problems import Problem
-from kuberl.api.semantics import IMAGE_ENV, MODULE_SEPARATOR, SpaceInfo, check_spaces, unknown_env_problem
+from kuberl.api.semantics import (
+    IMAGE_ENV,
+    MODULE_SEPARATOR,
+    SpaceInfo,
+    check_spaces,
+    policy_groups_problems,
+    unknown_env_problem,
+)
 
 EnvFactory = Callable[..., gym.Env]
 
@@ -59,8 +66,8 @@ def resolve_env_factory(env_id: str) -> EnvFactory:
 def agents_vector(env_id: str, kwargs: dict[str, Any], multi_agent: dict[str, Any] | MultiAgentSpec, copies: int,
                   max_episode_steps: int | None = None, seat: int | None = None) -> Any:
     """`copies` copies of a PettingZoo env as the rollout workers' vector env, as `multi_agent`
-    (environment.multiAgent) maps its agents to policies: every agent an entry of one shared policy
-    (kuberl.trainer.envs.multiagent), or the learner's agent of each game an entry and frozen copies of its
+    (environment.multiAgent) maps its agents to policies: every agent an entry of one shared policy or of its
+    group's (kuberl.trainer.envs.multiagent), or the learner's agent of each game an entry and frozen copies of its
     policy the others (kuberl.trainer.envs.selfplay_agents; `seat` fixes the learner's agent)."""
     spec = MultiAgentSpec.model_validate(multi_agent) if isinstance(multi_agent, dict) else multi_agent
     if spec.policies == AgentPolicies.SELF_PLAY:
@@ -70,10 +77,11 @@ def agents_vector(env_id: str, kwargs: dict[str, Any], multi_agent: dict[str, An
         settings = spec.self_play or SelfPlaySpec()
         return SelfPlayAgents(lambda: factory(**kwargs), copies, spec.agent_id_in_observation, max_episode_steps,
                               settings.refresh_updates, settings.opponent_epsilon, seat)
-    from kuberl.trainer.envs.multiagent import SharedPolicyAgents
+    from kuberl.trainer.envs.multiagent import AgentEntries
 
     factory = resolve_agents_factory(env_id)
-    return SharedPolicyAgents(lambda: factory(**kwargs), copies, spec.agent_id_in_observation, max_episode_steps)
+    return AgentEntries(lambda: factory(**kwargs), copies, spec.agent_id_in_observation, max_episode_steps,
+                        spec.groups)
 
 
 def resolve_agents_factory(env_id: str, turn_based: bool = False) -> Callable[..., Any]:
@@ -170,7 +178,7 @@ def _check_agents(spec: RLTrainingJobSpec) -> list[Problem]:
     except Exception as err:  # noqa: BLE001 - any refusal by the constructor is about the kwargs
         return [_kwargs_problem(spec, err)]
     try:
-        return check_spaces(spec, describe_space(env.single_action_space),
-                            describe_space(env.single_observation_space))
+        return policy_groups_problems(spec) or check_spaces(spec, describe_space(env.single_action_space),
+                                                            describe_space(env.single_observation_space))
     finally:
         env.close()

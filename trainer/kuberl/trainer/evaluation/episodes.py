@@ -29,7 +29,14 @@ def greedy_episodes(workers, weights_ref, version: int, seeds: list[int],
     results = workers.call("evaluate", {k: v for k, v in shares.items() if v[2]})
     returns = [r for res in results.values() for r in res["returns"]]
     lengths = [n for res in results.values() for n in res["lengths"]]
-    return summarize(returns, lengths)
+    summary = summarize(returns, lengths)
+    policies = [name for res in results.values() for name in res.get("policies", [])]
+    if policies:  # policy groups (environment.multiAgent.groups): each group's agents' mean return
+        by_policy: dict[str, list[float]] = {}
+        for name, value in zip(policies, returns, strict=True):
+            by_policy.setdefault(name, []).append(value)
+        summary["by_policy"] = {name: float(np.mean(values)) for name, values in sorted(by_policy.items())}
+    return summary
 
 
 def episodes_suite(spec, suite, workers, weights_ref, version) -> dict[str, Any]:

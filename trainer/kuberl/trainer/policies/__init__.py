@@ -13,6 +13,7 @@ from typing import Any
 
 from kuberl.trainer.policies.actor_critic import ActorCriticPolicy
 from kuberl.trainer.policies.continuous import NoisyDeterministicPolicy, SquashedGaussianPolicy
+from kuberl.trainer.policies.groups import GroupPolicies
 from kuberl.trainer.policies.q_network import BranchingQPolicy, QPolicy
 from kuberl.trainer.policies.tabular import TabularQPolicy
 from kuberl.trainer.spaces import SpaceInfo
@@ -24,6 +25,7 @@ POLICIES: dict[str, type] = {
     "tabular": TabularQPolicy,
     "sac": SquashedGaussianPolicy,
     "td3": NoisyDeterministicPolicy,
+    "groups": GroupPolicies,
 }
 
 
@@ -32,8 +34,10 @@ def make_policy(info: SpaceInfo, cfg: dict[str, Any]):
     kind = cfg["kind"]
     if kind not in POLICIES:
         raise ValueError(f"policy kind {kind!r} is unknown; known kinds: {', '.join(POLICIES)}")
+    if kind == GroupPolicies.kind:
+        return GroupPolicies.from_config(info, cfg, make_policy)
     return POLICIES[kind].from_config(info, cfg)
 
 
-__all__ = ["POLICIES", "ActorCriticPolicy", "BranchingQPolicy", "NoisyDeterministicPolicy", "QPolicy",
+__all__ = ["POLICIES", "ActorCriticPolicy", "BranchingQPolicy", "GroupPolicies", "NoisyDeterministicPolicy", "QPolicy",
            "SquashedGaussianPolicy", "TabularQPolicy", "make_policy"]

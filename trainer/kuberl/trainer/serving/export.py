@@ -70,6 +70,10 @@ def load_run(run_dir: Path):
         raise ExportError(f"{run_dir / 'checkpoints'} holds no loadable checkpoint (ckpt-*.pt)")
     path, state = loaded
     spec = job.spec
+    multi = spec.environment.multi_agent
+    if multi is not None and multi.groups is not None:
+        raise ExportError("policies: groups trains a policy per group, and an exported artifact holds one policy: "
+                          "exporting policy groups is not built yet")
     env = probe_env(spec.environment)  # a PettingZoo env's shared policy acts for one agent: its spaces
     info = space_info(*policy_spaces(env))
     algo = algorithm_for(spec, info, torch.device("cpu"), spec.seed, spec.stopping.max_env_steps)
