@@ -23,9 +23,8 @@ from kuberl.trainer.serving.export import export
 pytestmark = [pytest.mark.slow]
 
 EVAL_EPISODES = 30
-#: The policy-groups tests' budgets.
+#: The policy-groups example's budget in its test.
 GROUP_STEPS = 90_000
-ROLES_STEPS = 60_000
 
 
 def _random_returns(job) -> dict[str, float]:
@@ -166,17 +165,18 @@ class Roles(ParallelEnv):
         return obs, rewards, terminated, truncated, infos
 
 
-def test_policy_groups_in_different_spaces_each_learn_their_own_part(local_ray, tmp_path):
+@pytest.mark.parametrize(("algorithm", "steps"), [("PPO", 60_000), ("DQN", 30_000)])
+def test_policy_groups_in_different_spaces_each_learn_their_own_part(algorithm, steps, local_ray, tmp_path):
     """Groups that no shared policy could serve (their observation widths and action counts differ) each learn
-    their own rule on a short budget, the two helpers sharing their group's policy."""
+    their own rule on a short budget, with PPO and with DQN, the two helpers sharing their group's policy."""
     parallel_api_test(Roles(), num_cycles=10)
     job = parse_job({"apiVersion": "kuberl.dev/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "roles"},
-                     "spec": {"algorithm": {"name": "PPO"},
+                     "spec": {"algorithm": {"name": algorithm},
                               "environment": {"id": f"{__name__}:Roles", "multiAgent": {
                                   "policies": "groups", "groups": {"lead": ["lead"],
                                                                    "helpers": ["helper_0", "helper_1"]}}},
                               "rolloutWorkers": {"replicas": 2, "envsPerWorker": 8},
-                              "stopping": {"maxEnvSteps": ROLES_STEPS}, "evaluation": {"episodes": EVAL_EPISODES}}})
+                              "stopping": {"maxEnvSteps": steps}, "evaluation": {"episodes": EVAL_EPISODES}}})
     result = train(job, TrainOptions(run_dir=tmp_path / "run", workers=2, metrics_port=0, progress=False,
                                      shutdown_ray=False))
     assert result.ok and result.reason == "max_env_steps"

@@ -1,7 +1,7 @@
 """Policy groups (environment.multiAgent.policies: groups): the vector env of agents lays out groups whose spaces
 differ (rows padded to the widest group, the smaller action set masked), the refusals name the groups field, the
-acting policy gives each group's rows to that group's policy alone, and each group's PPO update is exactly the
-update a lone PPO makes from that group's agents' steps (its own networks, optimizer and random stream)."""
+acting policy gives each group's rows to that group's policy alone, and each group's update is exactly the one a
+lone PPO (or DQN) makes from that group's agents' steps (its own networks, optimizer, random stream, replay)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from pettingzoo import ParallelEnv
 from pettingzoo.test import parallel_api_test
 from prometheus_client import generate_latest
 
-from kuberl.api.job import PPOConfig
+from kuberl.api.job import CollectionMode, PPOConfig
 from kuberl.api.load import InvalidJob, parse_job
 from kuberl.api.semantics import check_registered
 from kuberl.trainer.accounting import Counters, Tally, publish_iteration
 from kuberl.trainer.algorithms import PolicyGroups, algorithm_for_env
+from kuberl.trainer.algorithms.dqn import DQN
 from kuberl.trainer.algorithms.groups import group_batch
 from kuberl.trainer.algorithms.ppo import PPO
 from kuberl.trainer.envs.multiagent import AgentEntries, MultiAgentEnvError
@@ -144,14 +145,17 @@ def test_the_learner_builds_one_algorithm_per_group_in_the_groups_own_spaces():
     assert set(algo.weights()) == {f"g0/{k}" for k in big.weights()} | {f"g1/{k}" for k in small.weights()}
 
 
-def test_off_policy_algorithms_are_refused_with_the_field_to_change():
-    said = "spec.algorithm.name: policies: groups trains with PPO; DQN trains one shared policy"
+def test_other_algorithms_and_async_collection_are_refused_at_their_fields():
+    said = "spec.algorithm.name: policies: groups trains with PPO or DQN; BDQ trains one shared policy"
     with pytest.raises(ValueError, match=said):
-        algorithm_for_env(_job(algorithm="DQN").spec, torch.device("cpu"), 0, 10_000)
+        algorithm_for_env(_job(algorithm="BDQ").spec, torch.device("cpu"), 0, 10_000)
     # `kuberl validate` (the full check) and the operator's own check say the same, at the field.
-    assert [(p.path, p.message[:40]) for p in check_environment(_job(algorithm="DQN").spec)] == \
-        [("spec.algorithm.name", "policies: groups trains with PPO; DQN tr")]
-    assert [p.path for p in check_registered(_job(algorithm="DQN").spec)] == ["spec.algorithm.name"]
+    assert [(p.path, p.message[:39]) for p in check_environment(_job(algorithm="BDQ").spec)] == \
+        [("spec.algorithm.name", "policies: groups trains with PPO or DQN")]
+    assert [p.path for p in check_registered(_job(algorithm="BDQ").spec)] == ["spec.algorithm.name"]
+    job = _job(algorithm="DQN")
+    job.spec.collection.mode = CollectionMode.ASYNC
+    assert [p.path for p in check_registered(job.spec)] == ["spec.collection.mode"]
 
 
 def _sampled(copies: int = 3, steps: int = 16):
@@ -201,6 +205,34 @@ def test_each_groups_update_is_what_a_lone_ppo_makes_from_its_agents_steps():
     # Each group's mean return in the iteration: big earns 1 a step for action 3 of 4, a small agent for 1 of 2.
     assert stats.extra["mean_return/big"] == pytest.approx(np.mean(cut_returns(batch, [0])))
     assert stats.extra["mean_return/small"] == pytest.approx(np.mean(cut_returns(batch, [1, 2])))
+
+
+def test_each_groups_dqn_update_is_what_a_lone_dqn_makes_from_its_agents_transitions():
+    job = _job(algorithm="DQN")
+    job.spec.algorithm.dqn.learning_starts, job.spec.algorithm.dqn.batch_size = 0, 16
+    algo = algorithm_for_env(job.spec, torch.device("cpu"), 0, 10_000)
+    env = AgentEntries(Mixed, copies=3, groups=GROUPS)
+    info = space_info(env.single_observation_space, env.single_action_space)
+    policy = make_policy(info, algo.policy_config())
+    policy.load(algo.weights())
+    batch = Sampler(env, info, [0, 1, 2]).offpolicy(policy, np.random.default_rng(0), 16, 0.5, 0.99, 3)
+    assert set(batch["entries"] % 3) == {0, 1, 2}
+    small = group_batch(batch, np.array([1, 2]), 3, algo.groups[1][2])
+    assert small["obs"].shape[1] == 2 and small["next_masks"].shape[1] == 2 and set(small["actions"]) <= {0, 1}
+    big = group_batch(batch, np.array([0]), 3, algo.groups[0][2])
+    # A group's env steps are its agents' transitions (what its replay ratio counts); the groups' make the batch's.
+    assert small["env_steps"] == len(small["rewards"])
+    assert big["env_steps"] + small["env_steps"] == len(batch["rewards"])
+    lone = [DQN(job.spec.algorithm.dqn, info_g, torch.device("cpu"), 1_000 * i, 10_000) for i, (_, _, info_g, _) in
+            enumerate(algo.groups)]
+    expected = [dqn.learn([group_batch(batch, agents, 3, info_g)], 5_000) for dqn, (_, agents, info_g, _) in
+                zip(lone, algo.groups, strict=True)]
+    stats = algo.learn([batch], 5_000)
+    assert stats.gradient_updates == sum(e.gradient_updates for e in expected) > 0
+    for dqn, (_, _, _, group_algo) in zip(lone, algo.groups, strict=True):
+        for name, value in dqn.q.state_dict().items():
+            torch.testing.assert_close(group_algo.q.state_dict()[name], value, rtol=0, atol=0)
+    assert algo.exploration(5_000) == lone[0].exploration(5_000) and algo.n_step == 3
 
 
 def cut_returns(batch, agents) -> list[float]:

@@ -21,6 +21,7 @@ from kuberl.api.job import (
     MODULE_SEPARATOR,
     AgentPolicies,
     AlgorithmName,
+    CollectionMode,
     RLTrainingJobSpec,
     algorithms_acting_in,
 )
@@ -123,20 +124,28 @@ def check_registered(spec: RLTrainingJobSpec) -> list[Problem]:
     return check_spaces(spec, row.action, row.observation)
 
 
+#: What policy groups train with: each group's update is its own algorithm's over its agents' share of the
+#: iteration's batches (kuberl.trainer.algorithms.groups), PPO's columns or DQN's transitions.
+GROUP_ALGORITHMS = (AlgorithmName.PPO, AlgorithmName.DQN)
+
+
 def policy_groups_problems(spec: RLTrainingJobSpec) -> list[Problem]:
-    """Policy groups (environment.multiAgent.policies: groups) train with PPO, on one learner: each group's
-    update is an on-policy one over its agents' columns of the iteration's batches."""
+    """Policy groups (environment.multiAgent.policies: groups) train with PPO or DQN, on one learner, collecting
+    in sync mode."""
     multi = spec.environment.multi_agent
     if multi is None or multi.policies != AgentPolicies.GROUPS:
         return []
     problems = []
     name = spec.algorithm.name.value
-    if spec.algorithm.name != AlgorithmName.PPO:
-        problems.append(Problem("spec.algorithm.name", f"policies: groups trains with PPO; {name} trains one shared "
-                                "policy (policies: shared) or by self-play", name))
+    if spec.algorithm.name not in GROUP_ALGORITHMS:
+        problems.append(Problem("spec.algorithm.name", f"policies: groups trains with PPO or DQN; {name} trains one "
+                                "shared policy (policies: shared)", name))
     if spec.learner.replicas > 1:
         problems.append(Problem("spec.learner.replicas", "policies: groups trains on one learner (1)",
                                 spec.learner.replicas))
+    if spec.collection.mode != CollectionMode.SYNC:
+        problems.append(Problem("spec.collection.mode", "policies: groups collects in sync mode",
+                                spec.collection.mode.value))
     return problems
 
 

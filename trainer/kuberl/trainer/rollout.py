@@ -457,7 +457,7 @@ class _NStepAccumulator:
         self.n, self.gamma, self.num_envs = n, gamma, num_envs
         self.pending: list[list[tuple]] = [[] for _ in range(num_envs)]  # per env: [obs, action, reward]
         self.out: dict[str, list] = {k: [] for k in ("obs", "actions", "rewards", "next_obs", "dones",
-                                                     "discounts", "next_masks")}
+                                                     "discounts", "next_masks", "entries")}
         self.steps: list[tuple] = []  # n == 1: one tuple of arrays per vector step
 
     def _drain_steps(self) -> dict[str, np.ndarray]:
@@ -466,12 +466,12 @@ class _NStepAccumulator:
         if not steps:
             return {"obs": np.zeros((0,), np.float32), "actions": np.zeros((0,)), "rewards": np.zeros(0, np.float32),
                     "next_obs": np.zeros((0,), np.float32), "dones": np.zeros(0, np.float32),
-                    "discounts": np.zeros(0, np.float32)}
-        obs, actions, rewards, next_obs, dones, masks = (list(col) for col in zip(*steps, strict=False))
+                    "discounts": np.zeros(0, np.float32), "entries": np.zeros(0, np.int64)}
+        obs, actions, rewards, next_obs, dones, masks, entries = (list(col) for col in zip(*steps, strict=False))
         rewards_all = np.concatenate(rewards)
         batch = {"obs": np.concatenate(obs), "actions": np.concatenate(actions), "rewards": rewards_all,
                  "next_obs": np.concatenate(next_obs), "dones": np.concatenate(dones),
-                 "discounts": np.full(len(rewards_all), self.gamma, np.float32)}
+                 "discounts": np.full(len(rewards_all), self.gamma, np.float32), "entries": np.concatenate(entries)}
         if masks[0] is not None:
             batch["next_masks"] = np.concatenate(masks)
         return batch
@@ -488,10 +488,13 @@ class _NStepAccumulator:
         self.out["dones"].append(float(done))
         self.out["discounts"].append(self.gamma**k)
         self.out["next_masks"].append(next_mask)
+        self.out["entries"].append(env)
         self.pending[env].pop(0)
 
     def add(self, obs, actions, rewards, next_obs, terminated, done, next_mask, acted=None) -> None:
-        """One vector step; `acted` (None: all) the entries whose agents acted in it: only theirs are transitions."""
+        """One vector step; `acted` (None: all) the entries whose agents acted in it: only theirs are transitions.
+        Each transition keeps its entry's index (`entries`: policy groups split the transitions by it)."""
+        entries = np.arange(self.num_envs)
         if acted is not None and not acted.all():
             keep = np.nonzero(acted)[0]
             if self.n > 1:
@@ -500,10 +503,11 @@ class _NStepAccumulator:
             obs, actions, rewards, next_obs, terminated = (np.asarray(a)[keep] for a in
                                                            (obs, actions, rewards, next_obs, terminated))
             next_mask = None if next_mask is None else np.asarray(next_mask)[keep]
+            entries = keep
         if self.n == 1:  # every env emits its 1-step transition now: whole arrays, no per-env Python
             self.steps.append((np.array(obs, np.float32), np.array(actions), np.asarray(rewards, np.float32),
                                np.array(next_obs, np.float32), np.asarray(terminated, np.float32),
-                               None if next_mask is None else np.array(next_mask, bool)))
+                               None if next_mask is None else np.array(next_mask, bool), entries))
             return
         self._add_per_env(obs, actions, rewards, next_obs, terminated, done, next_mask)
 
@@ -528,6 +532,7 @@ class _NStepAccumulator:
             "next_obs": np.asarray(out["next_obs"], np.float32),
             "dones": np.asarray(out["dones"], np.float32),
             "discounts": np.asarray(out["discounts"], np.float32),
+            "entries": np.asarray(out["entries"], np.int64),
         }
         if out["next_masks"] and out["next_masks"][0] is not None:
             batch["next_masks"] = np.asarray(out["next_masks"], bool)

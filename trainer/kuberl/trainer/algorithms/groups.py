@@ -1,12 +1,13 @@
 """Policy groups (environment.multiAgent.policies: groups): one learner state per group of agents.
 
-Each group has an algorithm of its own (the job's algorithm and hyperparameters, built for the group's own
-observation and action spaces): its networks, its optimizer, its random streams and its gradient updates. An
-iteration's batches hold every agent's entries (kuberl.trainer.envs.multiagent: entry column c of a worker's
-[steps, entries] arrays is agent `c % n_agents`); each group learns from its agents' columns alone, cut to its
-own observation width and actions, so a group's update is the one its algorithm would make if its agents'
-steps were all it had seen. What the workers act with is each group's policy on its agents' rows
-(kuberl.trainer.policies.groups). Returns are reported per group as well as over all agents.
+Each group has an algorithm of its own (the job's algorithm, PPO or DQN, and hyperparameters, built for the
+group's own observation and action spaces): its networks, its optimizer, its random streams, its replay (DQN)
+and its gradient updates. An iteration's batches hold every agent's steps (kuberl.trainer.envs.multiagent:
+entry c of a worker's vector env is agent `c % n_agents`); each group learns from its agents' share alone (PPO's
+[steps, entries] columns, DQN's transitions by the entry that made them), cut to its own observation width and
+actions, so a group's update is the one its algorithm would make if its agents' steps were all it had seen.
+What the workers act with is each group's policy on its agents' rows (kuberl.trainer.policies.groups). Returns
+are reported per group as well as over all agents.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ class PolicyGroups(Algorithm):
         self.groups = [(name, np.asarray(agents, np.int64), info,
                         algorithm(cfg, info, device, seed + 1_000 * i, total_env_steps))
                        for i, (name, agents, info) in enumerate(groups)]
+
+    # The loop asks these of the algorithm: every group's is the same (the job's hyperparameters), the first's.
+    def exploration(self, env_steps: int) -> float:
+        return self.groups[0][3].exploration(env_steps)
+
+    @property
+    def n_step(self) -> int:
+        return self.groups[0][3].n_step
 
     def policy_config(self) -> dict[str, Any]:
         return group_config([(name, tuple(int(a) for a in agents), info, algo.policy_config())
@@ -77,8 +86,11 @@ class PolicyGroups(Algorithm):
 
 
 def group_batch(batch: dict[str, Any], agents: np.ndarray, n_agents: int, info: SpaceInfo) -> dict[str, Any]:
-    """One worker's on-policy batch cut to one group's entries: its agents' columns of every [steps, entries]
-    array, observations cut to the group's width and action masks to its actions, and its agents' episodes."""
+    """One worker's batch cut to one group's entries, observations cut to the group's width and action masks to
+    its actions, with its agents' episodes: an on-policy batch's columns of every [steps, entries] array, an
+    off-policy batch's transitions of its agents (their env steps its own)."""
+    if "entries" in batch:
+        return _group_transitions(batch, agents, n_agents, info)
     entries = batch["obs"].shape[1]
     columns = np.nonzero(np.isin(np.arange(entries) % n_agents, agents))[0]
     out: dict[str, Any] = {}
@@ -94,7 +106,26 @@ def group_batch(batch: dict[str, Any], agents: np.ndarray, n_agents: int, info: 
         elif key == "last_values":
             value = value[columns]
         out[key] = value
+    return {**out, **_group_episodes(batch, agents, n_agents)}
+
+
+def _group_transitions(batch: dict[str, Any], agents: np.ndarray, n_agents: int, info: SpaceInfo) -> dict[str, Any]:
+    mine = np.isin(np.asarray(batch["entries"]) % n_agents, agents)
+    out = dict(batch)
+    for key in ("obs", "next_obs", "actions", "rewards", "dones", "discounts", "next_masks", "entries"):
+        if key in batch:
+            out[key] = np.asarray(batch[key])[mine]
+    if len(out["obs"]):
+        out["obs"], out["next_obs"] = out["obs"][:, :info.obs_dim], out["next_obs"][:, :info.obs_dim]
+    if "next_masks" in out:
+        out["next_masks"] = out["next_masks"][:, :info.action_dims[0]]
+    # One transition per step an agent acted in (n-step ones come out as their steps end): its steps, which
+    # its replay ratio (trainFrequency) counts.
+    out["env_steps"] = int(mine.sum())
+    return {**out, **_group_episodes(batch, agents, n_agents)}
+
+
+def _group_episodes(batch: dict[str, Any], agents: np.ndarray, n_agents: int) -> dict[str, np.ndarray]:
     ended = np.isin(np.asarray(batch["episode_entries"]) % n_agents, agents)
-    out["episode_returns"] = np.asarray(batch["episode_returns"])[ended]
-    out["episode_lengths"] = np.asarray(batch["episode_lengths"])[ended]
-    return out
+    return {"episode_returns": np.asarray(batch["episode_returns"])[ended],
+            "episode_lengths": np.asarray(batch["episode_lengths"])[ended]}
