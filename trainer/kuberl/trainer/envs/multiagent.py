@@ -165,6 +165,9 @@ class AgentEntries:
         #: Each agent's index within its group (its one-hot index with agentIdInObservation).
         self.index_in_group = [g.agents.index(i) for i in range(len(self.agents))
                                for g in self.groups if i in g.agents]
+        #: Each agent's action count (its group's Discrete n; 0 for other action spaces).
+        self.actions_of = [int(getattr(g.action_space, "n", 0)) for i in range(len(self.agents))
+                           for g in self.groups if i in g.agents]
         self.single_observation_space, self.single_action_space = self._entry_spaces()
         self.n_agents, self.copies = len(self.agents), copies
         self.num_envs = copies * self.n_agents
@@ -192,11 +195,8 @@ class AgentEntries:
             return None
         masks = np.zeros((self.num_envs, n), bool)
         for slot in range(self.num_envs):
-            masks[slot, :self._actions_of(slot % self.n_agents)] = True
+            masks[slot, :self.actions_of[slot % self.n_agents]] = True
         return masks
-
-    def _actions_of(self, agent: int) -> int:
-        return next(int(g.action_space.n) for g in self.groups if agent in g.agents)
 
     def _entries(self, copy: int) -> range:
         return range(copy * self.n_agents, (copy + 1) * self.n_agents)
@@ -216,8 +216,7 @@ class AgentEntries:
         row, mask = self.encodings[index].row(obs, self.index_in_group[index])
         self.obs[slot, :row.size] = row
         if self.masks is not None:
-            n = self._actions_of(index)
-            self.masks[slot, :n] = mask if mask is not None and mask.any() else True
+            self.masks[slot, :self.actions_of[index]] = mask if mask is not None and mask.any() else True
 
     def _info(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         info: dict[str, Any] = {"alive": self.alive.copy()}

@@ -41,6 +41,7 @@ class GroupPolicies:
 
     def __init__(self, info: SpaceInfo, n_agents: int, groups: list[tuple[str, np.ndarray, SpaceInfo, Any]]):
         self.info, self.n_agents, self.groups = info, n_agents, groups
+        self._rows_by_size: dict[int, list[np.ndarray]] = {}  # batch size -> each group's rows (every step asks)
 
     @classmethod
     def from_config(cls, info: SpaceInfo, cfg: dict[str, Any],
@@ -60,14 +61,17 @@ class GroupPolicies:
             prefix = PREFIX.format(i)
             policy.load({k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)})
 
-    def _rows(self, n: int, agents: np.ndarray) -> np.ndarray:
-        return np.nonzero(np.isin(np.arange(n) % self.n_agents, agents))[0]
+    def _rows(self, n: int) -> list[np.ndarray]:
+        """Each group's rows in a batch of `n` rows."""
+        if n not in self._rows_by_size:
+            agent = np.arange(n) % self.n_agents
+            self._rows_by_size[n] = [np.nonzero(np.isin(agent, agents))[0] for _, agents, _, _ in self.groups]
+        return self._rows_by_size[n]
 
     def _each(self, method: str, obs: np.ndarray, mask: np.ndarray | None, lead: tuple = (), **kwargs: Any) -> Any:
         """`method` of every group's policy on its rows; its outputs (an array, or a tuple of them) put back."""
         out: list[np.ndarray] = []
-        for _, agents, info, policy in self.groups:
-            rows = self._rows(len(obs), agents)
+        for (_, _, info, policy), rows in zip(self.groups, self._rows(len(obs)), strict=True):
             if not len(rows):
                 continue
             mine = obs[rows, :info.obs_dim]
