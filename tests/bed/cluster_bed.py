@@ -40,6 +40,7 @@ from .node_agent import NodeAgent
 from .podman import Podman, podman_network
 from .prometheus import BedPrometheus
 from .real_cluster import ApiError, Objects, Rest
+from .real_node import RealNode
 
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
@@ -98,8 +99,8 @@ class ClaimProvisioner:
     PersistentVolume of its own (a directory of the node's, `NodeAgent.claim_dir`) that the controller
     manager's binder binds it to; the scheduler places no pod whose claim is unbound."""
 
-    def __init__(self, api: BedApi, agent: NodeAgent):
-        self.api, self.agent = api, agent
+    def __init__(self, api: BedApi, node: NodeAgent | RealNode):
+        self.api, self.node = api, node
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bed-claim-provisioner", daemon=True)
@@ -127,7 +128,7 @@ class ClaimProvisioner:
     def _provision(self, claim: Body) -> None:
         meta, spec = claim["metadata"], claim["spec"]
         size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
-        path = self.agent.claim_dir(meta["namespace"], meta["name"])
+        path = self.node.claim_dir(meta["namespace"], meta["name"])
         self.api.create({"apiVersion": "v1", "kind": "PersistentVolume",
                          "metadata": {"name": f"pvc-{meta['uid']}"},
                          "spec": {"capacity": {"storage": size},
@@ -247,7 +248,8 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
 
     def __init__(self, workdir: pathlib.Path, *, namespaces: tuple[str, ...] = ("default",),
                  helm_values: Mapping[str, str] | None = None, prometheus: bool = False,
-                 operator: bool = True, restart_backoff: tuple[float, ...] | None = None, kueue: bool = False):
+                 operator: bool = True, restart_backoff: tuple[float, ...] | None = None, kueue: bool = False,
+                 real_node: bool = False):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.id = secrets.token_hex(3)
@@ -258,6 +260,7 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         self.want_prometheus = prometheus
         self.want_operator = operator
         self.want_kueue = kueue
+        self.real_node = real_node
         self.restart_backoff = restart_backoff
         self.network = f"kuberl-bed-{self.id}"
         self.anchor = f"kuberl-bed-{self.id}-gateway"
@@ -280,31 +283,12 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
 
     def _start(self) -> None:
         t0 = time.monotonic()
-        subnet = self._stack.enter_context(podman_network(self.podman, self.network, int(self.id, 16)))
-        # The bridge and its gateway address exist once something is attached: an empty pod (its
-        # infra container only) holds them up, so the API server can listen there before any pod runs.
-        last_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])
-        self.podman("pod", "create", "--name", self.anchor, "--network", self.network, "--ip", last_ip,
-                    "--label", f"{BED_LABEL}={self.id}")
-        self.podman("pod", "start", self.anchor)
-        self._stack.callback(self.podman, "pod", "rm", "--force", "--time", "0", self.anchor, check=False)
-        self.gateway = str(next(ipaddress.ip_network(subnet).hosts()))
-        self.plane = ControlPlane(self.workdir / "control-plane", address=self.gateway,
-                                  kubelet_address_types=("InternalIP",))
-        self.plane.work.mkdir(parents=True, exist_ok=True)
-        self._stack.callback(self.plane.stop)
-        self.plane.start()
+        if self.real_node:
+            self._start_real_node()
+        else:
+            self._start_node_agent()
         self.timings["control_plane_seconds"] = time.monotonic() - t0
-        self.cluster = BedApi(self.plane, self.namespaces[0])
-        options = {"restart_backoff": self.restart_backoff} if self.restart_backoff else {}
-        self.agent = NodeAgent(self.plane.server, self.plane.tokens["node"], self.plane.ca, self.workdir / "node",
-                               network=self.network, subnet=subnet, podman=self.podman,
-                               labels={BED_LABEL: self.id}, **options)
-        self._stack.enter_context(self.agent)
-        # Admission taints a new Node not-ready; the node-lifecycle controller would lift it once the
-        # node reports Ready, and it does not run here (control_plane), so the admin does.
-        self.cluster.patch("nodes", self.agent.node_name, {"spec": {"taints": None}})
-        self.provisioner = ClaimProvisioner(self.cluster, self.agent)
+        self.provisioner = ClaimProvisioner(self.cluster, self.node)
         self.provisioner.start()
         self._stack.callback(self.provisioner.stop)
         for namespace in self.namespaces:
@@ -319,6 +303,47 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
             self._start_prometheus()
         if self.want_operator:
             self.wait_operator_ready()
+
+    def _start_real_node(self) -> None:
+        """The control plane on the real node's bridge address, and the node (`real_node.RealNode`), which
+        stops before the control plane does: its pods are deleted through the API server first."""
+        self.gateway = RealNode.address
+        self.plane = ControlPlane(self.workdir / "control-plane", address=self.gateway,
+                                  kubelet_address_types=("InternalIP",), publish_endpoint=True)
+        self.plane.work.mkdir(parents=True, exist_ok=True)
+        self._stack.callback(self.plane.stop)
+        self.node = RealNode(self.workdir / "node", images=(OPERATOR_IMAGE, TRAINER_IMAGE, ROLLOUT_IMAGE))
+        self._stack.callback(self.node.stop)
+        self.node.prepare()
+        self.plane.start()
+        self.cluster = BedApi(self.plane, self.namespaces[0])
+        self.node.start(self.plane)
+        self.timings.update(self.node.timings)
+
+    def _start_node_agent(self) -> None:
+        subnet = self._stack.enter_context(podman_network(self.podman, self.network, int(self.id, 16)))
+        # The bridge and its gateway address exist once something is attached: an empty pod (its
+        # infra container only) holds them up, so the API server can listen there before any pod runs.
+        last_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])
+        self.podman("pod", "create", "--name", self.anchor, "--network", self.network, "--ip", last_ip,
+                    "--label", f"{BED_LABEL}={self.id}")
+        self.podman("pod", "start", self.anchor)
+        self._stack.callback(self.podman, "pod", "rm", "--force", "--time", "0", self.anchor, check=False)
+        self.gateway = str(next(ipaddress.ip_network(subnet).hosts()))
+        self.plane = ControlPlane(self.workdir / "control-plane", address=self.gateway,
+                                  kubelet_address_types=("InternalIP",))
+        self.plane.work.mkdir(parents=True, exist_ok=True)
+        self._stack.callback(self.plane.stop)
+        self.plane.start()
+        self.cluster = BedApi(self.plane, self.namespaces[0])
+        options = {"restart_backoff": self.restart_backoff} if self.restart_backoff else {}
+        self.agent = NodeAgent(self.plane.server, self.plane.tokens["node"], self.plane.ca, self.workdir / "node",
+                               network=self.network, subnet=subnet, podman=self.podman,
+                               labels={BED_LABEL: self.id}, **options)
+        self.node = self._stack.enter_context(self.agent)
+        # Admission taints a new Node not-ready; the node-lifecycle controller would lift it once the
+        # node reports Ready, and it does not run here (control_plane), so the admin does.
+        self.cluster.patch("nodes", self.agent.node_name, {"spec": {"taints": None}})
 
     def create_namespace(self, name: str) -> None:
         """A namespace with Pod Security `restricted` enforced (also the cluster's default), once its
@@ -378,7 +403,7 @@ def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeClus
     with OneNodeCluster(workdir, **options) as running:
         print(f"end-to-end mode: podman containers on network {running.network}")
         yield running
-        assert not running.agent.errors, running.agent.errors
+        assert not running.node.errors, running.node.errors
         assert not running.provisioner.errors, running.provisioner.errors
 
 

@@ -90,16 +90,18 @@ def ready_node_status(message: str, **fields: Any) -> Body:
 
 
 def self_signed_certificate(directory: Path, name: str, common_name: str, alt_names: Sequence[str], *,
-                            ca: bool = True) -> tuple[Path, Path]:
+                            ca: bool = True, organization: str | None = None) -> tuple[Path, Path]:
     """`directory/<name>.crt` and `.key`: a self-signed certificate for `alt_names` (`IP:...`, `DNS:...`).
-    `ca`: marked a CA, so that the certificate is also the CA bundle its clients verify it with."""
+    `ca`: marked a CA, so that the certificate is also the CA bundle its clients verify it with.
+    `organization`: the subject's O, which Kubernetes reads as a client certificate's group."""
     directory.mkdir(parents=True, exist_ok=True)
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
     extensions = ["-addext", f"subjectAltName={','.join(alt_names)}"]
     if ca:
         extensions += ["-addext", "basicConstraints=critical,CA:TRUE"]
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-                    "-keyout", str(key), "-out", str(cert), "-subj", f"/CN={common_name}", *extensions],
+                    "-keyout", str(key), "-out", str(cert),
+                    "-subj", (f"/O={organization}" if organization else "") + f"/CN={common_name}", *extensions],
                    check=True, capture_output=True)
     return cert, key
 

@@ -11,14 +11,15 @@ log of what every client other than the control plane's own components asked.
 Identities (a static token file; every component and test knows which one it uses):
 - `admin` (system:masters): the test itself, as a person with kubectl would be;
 - `system:kube-controller-manager`, `system:kube-scheduler`: the components;
-- `system:node:<NODE>` (system:nodes): the node the tests play the kubelet of.
+- `system:node:<NODE>` (system:nodes): the node's kubelet (the node agent's, or a real one's);
+- `system:kube-proxy`, `system:coredns`, `system:kube-router`: a real node's other parts (`real_node`).
 The operator never gets any of these: it runs with a TokenRequest token of the chart's ServiceAccount
-(`ControlPlane.service_account_kubeconfig`).
+(`ControlPlane.service_account_kubeconfig`). The server calls a kubelet with a client certificate of
+its own (`kube-apiserver-kubelet-client`, system:masters), which a real kubelet authenticates.
 
-Not run: a kubelet (the tests, and the node agent, play that part), kube-proxy and a CNI (Services
-get no endpoints traffic, NetworkPolicies are stored, not enforced), the node-lifecycle and
-taint-eviction controllers (the test node has no heartbeat to keep: without them nobody marks it
-unreachable in the middle of a long suite).
+Not run here: the node (the node agent, or `real_node.RealNode` with a real kubelet, kube-proxy, CoreDNS
+and a NetworkPolicy enforcer), the node-lifecycle and taint-eviction controllers (the test node has no
+heartbeat to keep: without them nobody marks it unreachable in the middle of a long suite).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ ADMIN = "admin"
 COMPONENT_USERS = ("system:kube-controller-manager", "system:kube-scheduler", "system:apiserver")
 #: kube-controller-manager's controllers, each with its own ServiceAccount in kube-system.
 COMPONENT_GROUPS = ("system:serviceaccounts:kube-system",)
+#: A real node's parts besides its kubelet, each with an identity of its own (`real_node`).
+NODE_PARTS = ("kube-proxy", "coredns", "kube-router")
 CONTROLLERS = "*,-node-lifecycle-controller,-taint-eviction-controller,-device-taint-eviction-controller"
 
 
@@ -80,6 +83,9 @@ def token_file(tokens: Mapping[str, str]) -> str:
         f"{tokens['controller-manager']},system:kube-controller-manager,kcm",
         f"{tokens['scheduler']},system:kube-scheduler,scheduler",
         f'{tokens["node"]},system:node:{NODE},node,"system:nodes"',
+        f"{tokens['kube-proxy']},system:kube-proxy,kube-proxy",
+        f"{tokens['coredns']},system:coredns,coredns",
+        f"{tokens['kube-router']},system:kube-router,kube-router",
     ]) + "\n"
 
 
@@ -149,9 +155,11 @@ def apiserver_flags(plane: ControlPlane, etcd_client_port: int) -> list[str]:
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         "--service-cluster-ip-range=10.96.0.0/16",
-        # The `kubernetes` Service would point at 127.0.0.1, which the server refuses to publish:
-        # nothing in a pod talks to the API server through it here (the operator runs beside it).
-        "--endpoint-reconciler-type=none",
+        # The `kubernetes` Service: published only where pods reach the server through it (a real node's
+        # kube-proxy); it could never point at 127.0.0.1, which the server refuses to publish.
+        f"--endpoint-reconciler-type={'lease' if plane.publish_endpoint else 'none'}",
+        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
         # Privileged pods are allowed by the server, as on most clusters: Pod Security is what refuses them.
         "--allow-privileged=true",
         # OwnerReferencesPermissionEnforcement: a child with blockOwnerDeletion needs update on its
@@ -168,17 +176,19 @@ class ControlPlane:
     """The four processes, their configuration in `work`, and kubeconfigs for each identity."""
 
     def __init__(self, work: Path, binaries: Path | None = None, *, address: str = "127.0.0.1",
-                 kubelet_address_types: Sequence[str] = ()):
+                 kubelet_address_types: Sequence[str] = (), publish_endpoint: bool = False):
         """`address`: where the API server listens and what it advertises (a podman network's gateway
         lets containers reach it; the serving certificate then names it too). `kubelet_address_types`:
         which Node addresses the server dials for logs and exec, in order (its default prefers a
-        Hostname, which a test node cannot resolve)."""
+        Hostname, which a test node cannot resolve). `publish_endpoint`: the `kubernetes` Service leads
+        to `address` (for pods whose Service traffic a kube-proxy carries)."""
         self.work = work
         self.bin = binaries or bin_dir()
         self.address = address
+        self.publish_endpoint = publish_endpoint
         self.kubelet_address_types = tuple(kubelet_address_types)
         self.tokens = {name: base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
-                       for name in (ADMIN, "controller-manager", "scheduler", "node")}
+                       for name in (ADMIN, "controller-manager", "scheduler", "node", *NODE_PARTS)}
         self.port = 0
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.audit_log = work / "audit.log"
@@ -198,6 +208,10 @@ class ControlPlane:
         self_signed_certificate(pki, "apiserver", "kube-apiserver", ["IP:127.0.0.1", "DNS:localhost",
                                                                      "DNS:kubernetes.default.svc", "IP:10.96.0.1",
                                                                      *extra])
+        # The server's identity towards kubelets: a real one authenticates it by this certificate (its own CA,
+        # being self-signed) and asks the server whether system:masters may (it may).
+        self_signed_certificate(pki, "kubelet-client", "kube-apiserver-kubelet-client", ["DNS:kube-apiserver"],
+                                organization="system:masters")
         (self.work / "tokens.csv").write_text(token_file(self.tokens))
         (self.work / "admission.yaml").write_text(yaml.safe_dump(admission_configuration()))
         (self.work / "audit-policy.yaml").write_text(yaml.safe_dump(audit_policy()))

@@ -32,7 +32,8 @@ def _pin(name: str) -> str:
 
 
 K8S, ETCD, KUBECTL, HELM = (_pin(n) for n in ("K8S_VERSION", "ETCD_VERSION", "KUBECTL_VERSION", "HELM_VERSION"))
-BINARIES = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm"]
+KUBE_CMDS = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"]
+BINARIES = ["etcd", *KUBE_CMDS, "kubectl", "helm"]
 
 
 def _run(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
@@ -51,7 +52,7 @@ def _fake_tree(cache: Path, exist_ok: bool = False, **says: str) -> Path:
     """A bin/ of shell scripts that print what the real binaries print at the pinned versions (or what
     `says` gives for one of them), with the .complete marker."""
     out = {
-        **{b: f"Kubernetes {K8S}" for b in BINARIES if b.startswith("kube-")},
+        **{b: f"Kubernetes {K8S}" for b in KUBE_CMDS},
         "etcd": f"etcd Version: {ETCD.lstrip('v')}\nGit SHA: Not provided\nGo Version: go1.26.8",
         "kubectl": f"Client Version: {KUBECTL}\nKustomize Version: v5.7.1",
         "helm": f'version.BuildInfo{{Version:"{HELM}", GitCommit:"0", GitTreeState:"clean", GoVersion:"go1.27.2"}}',
@@ -172,8 +173,7 @@ def _assert_wrapper_follows(go: str, kk_gomod: Path, wrapper: Path) -> None:
     assert mod["Require"] == [{"Path": "k8s.io/kubernetes", "Version": K8S}]
     assert mod["Go"] == kk["Go"] and mod.get("GoDebug") == kk.get("GoDebug")
     tools = sorted(t["Path"] for t in mod["Tool"])
-    assert tools == [f"k8s.io/kubernetes/cmd/{c}" for c in ("kube-apiserver", "kube-controller-manager",
-                                                             "kube-scheduler")]
+    assert tools == sorted(f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_CMDS)
 
 
 def test_the_wrapper_replaces_every_module_kk_requires_at_v0_0_0(tmp_path):
@@ -220,8 +220,7 @@ def test_a_built_tree_reports_the_pinned_versions():
         pytest.skip(f"no complete build in {_bin_dir(_cache())} (./scripts/build-control-plane, ~30 min)")
     proc = _run("--check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for line in (f"kube-apiserver: Kubernetes {K8S}", f"kube-controller-manager: Kubernetes {K8S}",
-                 f"kube-scheduler: Kubernetes {K8S}", f"etcd: etcd Version: {ETCD.lstrip('v')}",
+    for line in (*(f"{c}: Kubernetes {K8S}" for c in KUBE_CMDS), f"etcd: etcd Version: {ETCD.lstrip('v')}",
                  f"kubectl: Client Version: {KUBECTL}", f"helm: version.BuildInfo{{Version:\"{HELM}\""):
         assert line in proc.stdout, proc.stdout
     # a second run reuses the build: no go, no pip, only where it is

@@ -1,0 +1,279 @@
+"""
+A real Kubernetes node for the bed: the kubelet and kube-proxy built with the control plane
+(scripts/build-control-plane), containerd with Debian's runc and CNI plugins, CoreDNS as the cluster DNS,
+and kube-router's firewall enforcing NetworkPolicies (scripts/build-node), each a host process of the test.
+
+    node = RealNode(work, images=[TRAINER_IMAGE, ...])
+    node.prepare()                      # the pods' bridge, whose address the API server then listens on
+    plane = ControlPlane(..., address=node.address, publish_endpoint=True).start()
+    node.start(plane)                   # containerd, images, kubelet, kube-proxy, CoreDNS, kube-router; Ready
+    ...
+    node.stop()
+
+The layout (`real_node_config`): pods on a bridge of the node's own (10.244.0.0/24) whose gateway is the
+node's address, where the API server listens, the kubelet serves and CoreDNS answers; Services through
+kube-proxy's iptables rules; each pod's resolv.conf written by the kubelet (CoreDNS, the search domains
+of its namespace). Only the host and the node's pods reach any of it.
+
+One node per machine: the kubelet's device-plugin directory (/var/lib/kubelet/device-plugins) and the
+machine's firewall are shared, so a lock in the image store holds a second node back until the first
+stops. A node leaves the machine as it found it: its processes, mounts, firewall rules and chains, bridge,
+cgroups and the three sysctls the kubelet sets (`HostState`); a run killed before that is cleaned up by
+the next node's `prepare`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from tools import CACHE_DIR, file_lock
+
+from .common import NODE, SCRIPTS, free_port, http_ok, self_signed_certificate, start_process, stop_process, wait_until
+from .control_plane import ADMIN, ControlPlane
+from .real_cluster import Objects, Rest
+from .real_node_config import (
+    GATEWAY,
+    POD_SUBNET,
+    SERVICE_SUBNET,
+    NodeLayout,
+    cni_network,
+    containerd_config,
+    corefile,
+    json_file,
+    kube_proxy_config,
+    kubelet_config,
+    node_parts_rbac,
+)
+from .real_node_host import HostState
+
+#: The image store, kept between runs: importing the trainer image takes minutes.
+IMAGE_STORE = CACHE_DIR / "node-images"
+PAUSE_IMAGE = "localhost/kuberl/pause:3.10"
+
+
+def node_bin() -> Path:
+    found = subprocess.run([str(SCRIPTS / "build-node"), "--print-bin"], capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        raise RuntimeError("the node is not built: run ./scripts/build-node (./scripts/test does)")
+    return Path(found.stdout.strip().splitlines()[-1])
+
+
+class RealNode:
+    """One node of real parts: see the module docstring."""
+
+    address = GATEWAY
+    pod_subnet = POD_SUBNET
+
+    def __init__(self, work: Path, *, images: Sequence[str] = (), node_name: str = NODE):
+        self.work = Path(work)
+        self.node_name = node_name
+        self.images = tuple(images)
+        self.errors: list[str] = []
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._stack = contextlib.ExitStack()
+        self.layout = NodeLayout(work=self.work, images=IMAGE_STORE / "containerd", node_bin=node_bin(),
+                                 pause_image=PAUSE_IMAGE, kubelet_port=free_port(), proxy_health_port=free_port(),
+                                 proxy_metrics_port=free_port())
+        self.host = HostState(IMAGE_STORE / "host-state.json", self.layout)
+        self.timings: dict[str, float] = {}
+
+    # ---- start ---------------------------------------------------------------------------------------
+
+    def prepare(self) -> str:
+        """Hold the machine's one node, clean up what a killed run left, and make the pods' bridge (the
+        address the API server is to listen on). Returns that address."""
+        IMAGE_STORE.mkdir(parents=True, exist_ok=True)
+        self._stack.enter_context(file_lock(IMAGE_STORE / ".node.lock"))
+        self.host.clean_up()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.host.make_bridge()
+        return self.address
+
+    def start(self, plane: ControlPlane, timeout: float = 180) -> RealNode:
+        t0 = time.monotonic()
+        self.plane = plane
+        self.api = Objects(Rest(plane, plane.tokens[ADMIN]), "default")
+        plane.apply(node_parts_rbac())
+        self._start_containerd()
+        self._import_images()
+        self.timings["images_seconds"] = time.monotonic() - t0
+        self.host.record_sysctls()
+        self.host.make_cgroup_root()
+        self._start_kubelet()
+        wait_until(self._node_ready, timeout, 0.5, f"node {self.node_name} Ready (see {self.work}/kubelet.log)")
+        # The kubelet set three machine-wide sysctls as it started; the machine is shared, so they go back.
+        self.host.restore_sysctls()
+        # The others find their Node by name as they start: kube-router gives up without it.
+        self._start_kube_proxy()
+        self._start_coredns()
+        self._start_kube_router()
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{self.layout.proxy_health_port}/healthz"), timeout, 0.2,
+                   "kube-proxy healthy")
+        wait_until(lambda: http_ok(f"http://127.0.0.1:{self.coredns_ready_port}/ready"), timeout, 0.2,
+                   "CoreDNS ready (its kubernetes plugin synced)")
+        wait_until(self.host.firewall_installed, timeout, 0.5, "kube-router's firewall chains in place")
+        # Admission tainted the new Node not-ready; the node-lifecycle controller would lift it once the
+        # node reports Ready, and it does not run here (control_plane), so the admin does, once the node's
+        # Services, names and policies work: no pod lands on it before.
+        self.api.patch("nodes", self.node_name, {"spec": {"taints": None}})
+        self.timings["node_seconds"] = time.monotonic() - t0
+        return self
+
+    def _spawn(self, name: str, argv: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
+        self.processes[name] = start_process(argv, self.work / f"{name}.log", cwd=self.work, env=env)
+        self.host.remember_process(name, self.processes[name].pid)
+
+    def _check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.work / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail}")
+
+    def ctr(self, *args: str, stdin: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.layout.node_bin / "ctr"), "--address", str(self.layout.containerd_socket),
+                               "--namespace", "k8s.io", *args], stdin=stdin, capture_output=True, text=True,
+                              timeout=timeout, check=True)
+
+    def _start_containerd(self) -> None:
+        (self.work / "containerd").mkdir(parents=True, exist_ok=True)
+        config = self.work / "containerd.toml"
+        config.write_text(containerd_config(self.layout))
+        json_file(self.layout.cni_conf_dir / "10-kuberl-node.conflist", cni_network(self.layout))
+        # containerd finds its runc shim on PATH
+        env = {**os.environ, "PATH": f"{self.layout.node_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self._spawn("containerd", [self.layout.node_bin / "containerd", "--config", config], env=env)
+
+        def up() -> bool:
+            self._check_alive()
+            return self.layout.containerd_socket.exists()
+
+        wait_until(up, 60, 0.1, "containerd's socket")
+
+    def _import_images(self) -> None:
+        """The pause image from its archive; each of `images` from podman's store, unless containerd holds
+        that very image (its podman id recorded at the last import)."""
+        self.ctr("images", "import", "--local", str(self.layout.node_bin / "pause.tar"))
+        record = IMAGE_STORE / "imported.json"
+        imported = json.loads(record.read_text()) if record.exists() else {}
+        present = set(self.ctr("images", "ls", "--quiet").stdout.split())
+        for image in self.images:
+            image_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
+                                      capture_output=True, text=True, check=True).stdout.strip()
+            if imported.get(image) == image_id and image in present:
+                continue
+            save = subprocess.Popen(["podman", "save", "--format", "docker-archive", image],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            try:
+                self.ctr("images", "import", "--local", "-", stdin=save.stdout.fileno() if save.stdout else None,
+                         timeout=1200)
+            finally:
+                if save.stdout:
+                    save.stdout.close()
+                save.wait(60)
+            if save.returncode != 0:
+                raise RuntimeError(f"podman save {image} failed ({save.returncode})")
+            imported[image] = image_id
+            record.write_text(json.dumps(imported, indent=1))
+
+    def _start_kubelet(self) -> None:
+        pki = self.work / "pki"
+        serving = self_signed_certificate(pki, "kubelet", self.node_name, [f"IP:{GATEWAY}", f"DNS:{self.node_name}"])
+        (self.work / "resolv.conf").write_text(f"nameserver {GATEWAY}\n")
+        config = self.work / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(kubelet_config(self.layout, self.plane.work / "pki" / "kubelet-client.crt",
+                                                        serving)))
+        self._spawn("kubelet", [
+            self.plane.bin / "kubelet", f"--config={config}",
+            f"--kubeconfig={self.plane.kubeconfig('kubelet', self.plane.tokens['node'])}",
+            f"--root-dir={self.work / 'kubelet'}", f"--cert-dir={pki}", f"--hostname-override={self.node_name}",
+            f"--node-ip={GATEWAY}", "--v=1"])
+
+    def _start_kube_proxy(self) -> None:
+        kubeconfig = self.plane.kubeconfig("kube-proxy", self.plane.tokens["kube-proxy"])
+        config = self.work / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump(kube_proxy_config(self.layout, kubeconfig, self.node_name)))
+        self._spawn("kube-proxy", [self.plane.bin / "kube-proxy", f"--config={config}", "--v=1"])
+
+    def _start_coredns(self) -> None:
+        self.coredns_ready_port = free_port()
+        config = self.work / "Corefile"
+        config.write_text(corefile(self.plane.kubeconfig("coredns", self.plane.tokens["coredns"]),
+                                   self.coredns_ready_port))
+        self._spawn("coredns", [self.layout.node_bin / "coredns", "-conf", config])
+
+    def _start_kube_router(self) -> None:
+        """Its firewall only: pod routing is the bridge's, Services kube-proxy's."""
+        kubeconfig = self.plane.kubeconfig("kube-router", self.plane.tokens["kube-router"])
+        self._spawn("kube-router", [
+            self.layout.node_bin / "kube-router", f"--kubeconfig={kubeconfig}", "--run-firewall=true",
+            "--run-router=false", "--run-service-proxy=false", "--enable-cni=false", "--enable-pod-egress=false",
+            f"--hostname-override={self.node_name}", f"--service-cluster-ip-range={SERVICE_SUBNET}",
+            "--health-port=0", "--metrics-port=0", "--v=1"])
+
+    def _node_ready(self) -> bool:
+        self._check_alive()
+        node = self.api.get("nodes", self.node_name) or {}
+        conditions = {c["type"]: c["status"] for c in (node.get("status") or {}).get("conditions") or []}
+        return conditions.get("Ready") == "True"
+
+    # ---- what the bed asks of a node -----------------------------------------------------------------
+
+    def claim_dir(self, namespace: str, claim: str) -> Path:
+        """The host directory behind a PersistentVolumeClaim (a hostPath volume the kubelet mounts). Open
+        to every user, as a local-path provisioner makes its directories: a hostPath gets no fsGroup."""
+        path = self.work / "claims" / namespace / claim
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)
+        return path
+
+    def pod_ips(self) -> set[str]:
+        return {p["status"]["podIP"] for p in self.api.list("pods", all_namespaces=True)
+                if (p.get("status") or {}).get("podIP")}
+
+    # ---- stop ----------------------------------------------------------------------------------------
+
+    def _delete_pods(self, timeout: float = 90) -> None:
+        """Every pod of the node deleted while its kubelet runs, so each sandbox's network is torn down
+        through CNI (its address, its masquerade rules) as on any node. Cordoned first: the replacements
+        a controller makes (the operator's, a Deployment's) then stay Pending, bound to no node."""
+        self.api.patch("nodes", self.node_name, {"spec": {"unschedulable": True}})
+        selector = f"spec.nodeName={self.node_name}"
+        for pod in self.api.list("pods", all_namespaces=True, field_selector=selector):
+            self.api.rest.call("DELETE", self.api.url("pods", pod["metadata"]["namespace"], pod["metadata"]["name"]),
+                               params={"gracePeriodSeconds": "1"})
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not self.api.list("pods", all_namespaces=True, field_selector=selector), timeout,
+                       0.5, "the node's pods gone")
+
+    def stop(self) -> None:
+        try:
+            if "kubelet" in self.processes and self.processes["kubelet"].poll() is None:
+                with contextlib.suppress(Exception):
+                    self._delete_pods()
+            for name in ("kube-router", "coredns", "kube-proxy", "kubelet"):
+                if name in self.processes:
+                    stop_process(self.processes[name], 15)
+            self.host.stop_containers(self)
+            if "containerd" in self.processes:
+                stop_process(self.processes["containerd"], 15)
+            self.host.clean_up()
+        finally:
+            self._stack.close()
+            shutil.rmtree(self.work / "claims", ignore_errors=True)
+
+    def __enter__(self) -> RealNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["IMAGE_STORE", "PAUSE_IMAGE", "RealNode", "node_bin"]

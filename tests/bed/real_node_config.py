@@ -1,0 +1,227 @@
+"""
+What a real node's parts read (`real_node.RealNode`): containerd's configuration, the CNI network, the
+kubelet's and kube-proxy's configuration files, CoreDNS's Corefile, and the RBAC that CoreDNS and
+kube-router run under. Pure functions of the node's layout (`NodeLayout`), so a unit test reads them
+without starting anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from .common import Body
+
+#: The pods' network: a bridge of the node's own whose gateway is also the node's address, where the API
+#: server listens, the kubelet serves and CoreDNS answers. Nothing else on this machine uses the range.
+POD_SUBNET = "10.244.0.0/24"
+GATEWAY = "10.244.0.1"
+BRIDGE = "kuberl-node0"
+CNI_NETWORK = "kuberl-node"
+#: The control plane's Service range (control_plane.apiserver_flags), which kube-proxy and kube-router are told.
+SERVICE_SUBNET = "10.96.0.0/16"
+CLUSTER_DOMAIN = "cluster.local"
+#: The kubelet's parent cgroup, made in every cgroup v1 hierarchy before it starts.
+CGROUP_ROOT = "/kuberl-node"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLayout:
+    """Where one node's parts keep their files, and the ports its servers take."""
+
+    work: Path           # this node's files, removed with it
+    images: Path         # containerd's root: the image store, kept between runs (imports take minutes)
+    node_bin: Path       # scripts/build-node's binaries
+    pause_image: str
+    kubelet_port: int
+    proxy_health_port: int
+    proxy_metrics_port: int
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.work / "containerd" / "containerd.sock"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.work / "cni"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.work / "pod-logs"
+
+
+def containerd_config(layout: NodeLayout) -> str:
+    """containerd v2's configuration (version 3) for the kubelet's CRI, on cgroup v1 with cgroupfs.
+
+    `restrict_oom_score_adj`: this machine lacks CAP_SYS_RESOURCE, so runc cannot give a sandbox the
+    oom_score_adj of -998 the kubelet asks, and every sandbox would fail without it. Images are imported
+    (`ctr images import`), never pulled: the pause image is pinned so that its garbage collection never
+    removes it."""
+    state = layout.work / "containerd"
+    return f"""version = 3
+root = "{layout.images}"
+state = "{state / 'state'}"
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp",
+                    "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{layout.containerd_socket}"
+[ttrpc]
+  address = "{layout.containerd_socket}.ttrpc"
+[debug]
+  address = ""
+  level = "warn"
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = "{state / 'opt'}"
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = '{layout.pause_image}'
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    tolerate_missing_hugetlb_controller = true
+    disable_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = []
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = '/usr/sbin/runc'
+          Root = '{state / 'runc'}'
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['/usr/lib/cni']
+      conf_dir = '{layout.cni_conf_dir}'
+      max_conf_num = 1
+  [plugins.'io.containerd.grpc.v1.cri']
+    disable_tcp_service = true
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+"""
+
+
+def cni_network(layout: NodeLayout) -> dict[str, Any]:
+    """The pods' network: Debian's bridge (on the node's bridge, made beforehand), host-local addresses,
+    portmap for hostPorts and loopback; masquerade for traffic leaving the pod range."""
+    return {"cniVersion": "1.0.0", "name": CNI_NETWORK, "plugins": [
+        {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True, "hairpinMode": True,
+         "ipam": {"type": "host-local", "dataDir": str(layout.work / "cni-ipam"),
+                  "ranges": [[{"subnet": POD_SUBNET, "gateway": GATEWAY}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "loopback"},
+    ]}
+
+
+def kubelet_config(layout: NodeLayout, client_ca: Path, serving: tuple[Path, Path]) -> dict[str, Any]:
+    """The kubelet's KubeletConfiguration. What this machine needs: cgroup v1 allowed (`failCgroupV1`,
+    refused by default since 1.35) with the cgroupfs driver (no systemd), swap tolerated, no node
+    allocatable enforcement (its cgroups would need controllers the VM's hybrid layout lacks). Image
+    garbage collection off (100%): the trainer image takes minutes to import, and the machine's disk is
+    shared with everything else; eviction only when a resource is nearly gone."""
+    cert, key = serving
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": CGROUP_ROOT, "cgroupsPerQOS": True,
+        "enforceNodeAllocatable": [], "failSwapOn": False,
+        "address": GATEWAY, "port": layout.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
+        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "imageServiceEndpoint": f"unix://{layout.containerd_socket}",
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(client_ca)}},
+        "authorization": {"mode": "Webhook"},
+        "tlsCertFile": str(cert), "tlsPrivateKeyFile": str(key),
+        "rotateCertificates": False, "serverTLSBootstrap": False,
+        "clusterDomain": CLUSTER_DOMAIN, "clusterDNS": [GATEWAY], "resolvConf": str(layout.work / "resolv.conf"),
+        # The kubelet would set vm.overcommit_memory, kernel.panic and kernel.panic_on_oops for the whole
+        # machine; it checks them instead only when told to protect them, so the node puts them back.
+        "protectKernelDefaults": False,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "maxPods": 110, "podPidsLimit": 4096, "podLogsDir": str(layout.pod_logs),
+        "staticPodPath": "", "registerNode": True,
+    }
+
+
+def kube_proxy_config(layout: NodeLayout, kubeconfig: Path, node_name: str) -> dict[str, Any]:
+    """kube-proxy in iptables mode, its servers on loopback. No machine-wide conntrack settings (a zero
+    leaves each as it is) and no NodePorts on 127.0.0.1 (which would need route_localnet for every
+    interface): NodePorts answer on the node's bridge address only."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)}, "hostnameOverride": node_name, "mode": "iptables",
+        "clusterCIDR": POD_SUBNET, "bindAddress": GATEWAY,
+        "healthzBindAddress": f"127.0.0.1:{layout.proxy_health_port}",
+        "metricsBindAddress": f"127.0.0.1:{layout.proxy_metrics_port}",
+        "nodePortAddresses": [f"{GATEWAY}/32"],
+        "iptables": {"localhostNodePorts": False},
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def corefile(kubeconfig: Path, ready_port: int) -> str:
+    """CoreDNS as a cluster's DNS answers: Services and pods of cluster.local from the API server, reverse
+    lookups of the pod and Service ranges. No upstream: this machine reaches no outside resolver, so any
+    other name fails at once rather than after a timeout. `ready` answers 200 on loopback once the
+    kubernetes plugin has synced with the API server."""
+    return f""".:53 {{
+    bind {GATEWAY}
+    errors
+    ready 127.0.0.1:{ready_port}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    loop
+}}
+"""
+
+
+def _cluster_role(name: str, rules: list[Body], user: str) -> list[Body]:
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]},
+    ]
+
+
+def node_parts_rbac() -> list[Body]:
+    """What CoreDNS and kube-router may read: the rules of their own release manifests (CoreDNS's
+    `system:coredns` ClusterRole; kube-router's, less what its router and service proxy need, which the
+    node does not run). kube-proxy's is Kubernetes' own bootstrap role, `system:node-proxier`."""
+    read = ["get", "list", "watch"]
+    watch = ["list", "watch"]
+    coredns = [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": watch},
+               {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": watch}]
+    router = [{"apiGroups": [""], "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+               "verbs": read},
+              {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": read},
+              {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+              {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    return [*_cluster_role("kuberl-bed:coredns", coredns, "system:coredns"),
+            *_cluster_role("kuberl-bed:kube-router", router, "system:kube-router")]
+
+
+def json_file(path: Path, body: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=1))
+    return path
+
+
+__all__ = ["BRIDGE", "CGROUP_ROOT", "CLUSTER_DOMAIN", "CNI_NETWORK", "GATEWAY", "POD_SUBNET", "SERVICE_SUBNET",
+           "NodeLayout", "cni_network", "containerd_config", "corefile", "json_file", "kube_proxy_config",
+           "kubelet_config", "node_parts_rbac"]
