@@ -2,7 +2,8 @@
 A one-node Kubernetes cluster for end-to-end tests and benchmarks: the real control plane
 (`control_plane.ControlPlane`), a node agent playing the kubelet that runs Pods as podman containers,
 and the operator installed with its chart (`helm install`) and running from its image, all on a podman
-network of the bed's own.
+network of the bed's own. With `real_node=True` the node is a real one instead (`real_node.RealNode`: a
+kubelet, containerd, kube-proxy, CoreDNS, kube-router), on a bridge of its own.
 
     with OneNodeCluster(workdir) as bed:
         bed.kubectl("apply", "-f", "examples/cartpole-ppo.yaml")
@@ -287,7 +288,7 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
             self._start_real_node()
         else:
             self._start_node_agent()
-        self.timings["control_plane_seconds"] = time.monotonic() - t0
+            self.timings["control_plane_seconds"] = time.monotonic() - t0
         self.provisioner = ClaimProvisioner(self.cluster, self.node)
         self.provisioner.start()
         self._stack.callback(self.provisioner.stop)
@@ -314,8 +315,10 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         self._stack.callback(self.plane.stop)
         self.node = RealNode(self.workdir / "node", images=(OPERATOR_IMAGE, TRAINER_IMAGE, ROLLOUT_IMAGE))
         self._stack.callback(self.node.stop)
+        t0 = time.monotonic()
         self.node.prepare()
         self.plane.start()
+        self.timings["control_plane_seconds"] = time.monotonic() - t0
         self.cluster = BedApi(self.plane, self.namespaces[0])
         self.node.start(self.plane)
         self.timings.update(self.node.timings)
@@ -381,13 +384,16 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         return [n for n in names if n != self.anchor]
 
 
-def require_podman_and_images() -> None:
-    """For a test module on real containers: fail in CI when podman is missing (skip elsewhere), and
-    build the images when their inputs changed."""
+def require_podman_and_images(real_node: bool = False) -> None:
+    """For a test module on real containers: fail in CI when podman (or, for a real node, its build) is
+    missing (skip elsewhere), and build the images when their inputs changed."""
     import pytest
     from tools import in_ci
 
     reason = podman_ready()
+    if reason is None and real_node and subprocess.run(
+            [str(REPO / "scripts" / "build-node"), "--print-bin"], capture_output=True, check=False).returncode:
+        reason = "the real node is not built: run ./scripts/build-node (./scripts/test does)"
     if reason:
         if in_ci():
             pytest.fail(f"the end-to-end bed cannot run: {reason}")
@@ -397,9 +403,10 @@ def require_podman_and_images() -> None:
 
 @contextlib.contextmanager
 def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeCluster]:
-    """A bed for a test module: fails in CI when podman is missing (skips elsewhere), builds the images
-    when their inputs changed, and checks at the end that the node agent itself saw no error."""
-    require_podman_and_images()
+    """A bed for a test module: fails in CI when podman (or, for a real node, its build) is missing (skips
+    elsewhere), builds the images when their inputs changed, and checks at the end that the node agent
+    itself saw no error."""
+    require_podman_and_images(real_node=bool(options.get("real_node")))
     with OneNodeCluster(workdir, **options) as running:
         print(f"end-to-end mode: podman containers on network {running.network}")
         yield running

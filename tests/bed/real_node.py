@@ -30,29 +30,29 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
 from tools import CACHE_DIR, file_lock
 
-from .common import NODE, SCRIPTS, free_port, http_ok, self_signed_certificate, start_process, stop_process, wait_until
+from .common import NODE, SCRIPTS, free_port, http_ok, self_signed_certificate, stop_process, wait_until
 from .control_plane import ADMIN, ControlPlane
 from .real_cluster import Objects, Rest
 from .real_node_config import (
     GATEWAY,
     POD_SUBNET,
-    SERVICE_SUBNET,
     NodeLayout,
     cni_network,
     containerd_config,
     corefile,
     json_file,
     kube_proxy_config,
+    kube_router_argv,
     kubelet_config,
     node_parts_rbac,
 )
-from .real_node_host import HostState
+from .real_node_host import HostState, NodeProcesses
 
 #: The image store, kept between runs: importing the trainer image takes minutes.
 IMAGE_STORE = CACHE_DIR / "node-images"
@@ -66,7 +66,47 @@ def node_bin() -> Path:
     return Path(found.stdout.strip().splitlines()[-1])
 
 
-class RealNode:
+def import_images(ctr: Callable[..., subprocess.CompletedProcess[str]], pause: Path, images: Sequence[str]) -> None:
+    """The pause image from its archive; each of `images` from podman's store (`podman save | ctr images
+    import`), unless containerd holds that very image (podman's id of it, recorded at its last import)."""
+    ctr("images", "import", "--local", str(pause))
+    record = IMAGE_STORE / "imported.json"
+    imported = json.loads(record.read_text()) if record.exists() else {}
+    present = set(ctr("images", "ls", "--quiet").stdout.split())
+    for image in images:
+        image_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        if imported.get(image) == image_id and image in present:
+            continue
+        save = subprocess.Popen(["podman", "save", "--format", "docker-archive", image], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        try:
+            ctr("images", "import", "--local", "-", stdin=save.stdout.fileno() if save.stdout else None, timeout=1200)
+        finally:
+            if save.stdout:
+                save.stdout.close()
+            save.wait(60)
+        if save.returncode != 0:
+            raise RuntimeError(f"podman save {image} failed ({save.returncode})")
+        imported[image] = image_id
+        record.write_text(json.dumps(imported, indent=1))
+
+
+def delete_node_pods(api: Objects, node_name: str, timeout: float = 90) -> None:
+    """Every pod of the node deleted while its kubelet runs, so each sandbox's network is torn down through
+    CNI (its address, its masquerade rules) as on any node. Cordoned first: the replacements a controller
+    makes (the operator's, a Deployment's) then stay Pending, bound to no node."""
+    api.patch("nodes", node_name, {"spec": {"unschedulable": True}})
+    selector = f"spec.nodeName={node_name}"
+    for pod in api.list("pods", all_namespaces=True, field_selector=selector):
+        api.rest.call("DELETE", api.url("pods", pod["metadata"]["namespace"], pod["metadata"]["name"]),
+                      params={"gracePeriodSeconds": "1"})
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not api.list("pods", all_namespaces=True, field_selector=selector), timeout, 0.5,
+                   "the node's pods gone")
+
+
+class RealNode(NodeProcesses):
     """One node of real parts: see the module docstring."""
 
     address = GATEWAY
@@ -77,12 +117,12 @@ class RealNode:
         self.node_name = node_name
         self.images = tuple(images)
         self.errors: list[str] = []
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._stack = contextlib.ExitStack()
         self.layout = NodeLayout(work=self.work, images=IMAGE_STORE / "containerd", node_bin=node_bin(),
                                  pause_image=PAUSE_IMAGE, kubelet_port=free_port(), proxy_health_port=free_port(),
                                  proxy_metrics_port=free_port())
         self.host = HostState(IMAGE_STORE / "host-state.json", self.layout)
+        NodeProcesses.__init__(self, self.work, self.host)
         self.timings: dict[str, float] = {}
 
     # ---- start ---------------------------------------------------------------------------------------
@@ -103,7 +143,7 @@ class RealNode:
         self.api = Objects(Rest(plane, plane.tokens[ADMIN]), "default")
         plane.apply(node_parts_rbac())
         self._start_containerd()
-        self._import_images()
+        import_images(self.ctr, self.layout.node_bin / "pause.tar", self.images)
         self.timings["images_seconds"] = time.monotonic() - t0
         self.host.record_sysctls()
         self.host.make_cgroup_root()
@@ -112,9 +152,7 @@ class RealNode:
         # The kubelet set three machine-wide sysctls as it started; the machine is shared, so they go back.
         self.host.restore_sysctls()
         # The others find their Node by name as they start: kube-router gives up without it.
-        self._start_kube_proxy()
-        self._start_coredns()
-        self._start_kube_router()
+        self._start_services()
         wait_until(lambda: http_ok(f"http://127.0.0.1:{self.layout.proxy_health_port}/healthz"), timeout, 0.2,
                    "kube-proxy healthy")
         wait_until(lambda: http_ok(f"http://127.0.0.1:{self.coredns_ready_port}/ready"), timeout, 0.2,
@@ -126,16 +164,6 @@ class RealNode:
         self.api.patch("nodes", self.node_name, {"spec": {"taints": None}})
         self.timings["node_seconds"] = time.monotonic() - t0
         return self
-
-    def _spawn(self, name: str, argv: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
-        self.processes[name] = start_process(argv, self.work / f"{name}.log", cwd=self.work, env=env)
-        self.host.remember_process(name, self.processes[name].pid)
-
-    def _check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                tail = (self.work / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail}")
 
     def ctr(self, *args: str, stdin: int | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.layout.node_bin / "ctr"), "--address", str(self.layout.containerd_socket),
@@ -157,32 +185,6 @@ class RealNode:
 
         wait_until(up, 60, 0.1, "containerd's socket")
 
-    def _import_images(self) -> None:
-        """The pause image from its archive; each of `images` from podman's store, unless containerd holds
-        that very image (its podman id recorded at the last import)."""
-        self.ctr("images", "import", "--local", str(self.layout.node_bin / "pause.tar"))
-        record = IMAGE_STORE / "imported.json"
-        imported = json.loads(record.read_text()) if record.exists() else {}
-        present = set(self.ctr("images", "ls", "--quiet").stdout.split())
-        for image in self.images:
-            image_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
-                                      capture_output=True, text=True, check=True).stdout.strip()
-            if imported.get(image) == image_id and image in present:
-                continue
-            save = subprocess.Popen(["podman", "save", "--format", "docker-archive", image],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            try:
-                self.ctr("images", "import", "--local", "-", stdin=save.stdout.fileno() if save.stdout else None,
-                         timeout=1200)
-            finally:
-                if save.stdout:
-                    save.stdout.close()
-                save.wait(60)
-            if save.returncode != 0:
-                raise RuntimeError(f"podman save {image} failed ({save.returncode})")
-            imported[image] = image_id
-            record.write_text(json.dumps(imported, indent=1))
-
     def _start_kubelet(self) -> None:
         pki = self.work / "pki"
         serving = self_signed_certificate(pki, "kubelet", self.node_name, [f"IP:{GATEWAY}", f"DNS:{self.node_name}"])
@@ -196,27 +198,19 @@ class RealNode:
             f"--root-dir={self.work / 'kubelet'}", f"--cert-dir={pki}", f"--hostname-override={self.node_name}",
             f"--node-ip={GATEWAY}", "--v=1"])
 
-    def _start_kube_proxy(self) -> None:
-        kubeconfig = self.plane.kubeconfig("kube-proxy", self.plane.tokens["kube-proxy"])
-        config = self.work / "kube-proxy.yaml"
-        config.write_text(yaml.safe_dump(kube_proxy_config(self.layout, kubeconfig, self.node_name)))
-        self._spawn("kube-proxy", [self.plane.bin / "kube-proxy", f"--config={config}", "--v=1"])
-
-    def _start_coredns(self) -> None:
+    def _start_services(self) -> None:
+        """kube-proxy, CoreDNS (with its readiness on loopback) and kube-router, each as its own identity."""
+        plane = self.plane
+        proxy_config = self.work / "kube-proxy.yaml"
+        proxy_config.write_text(yaml.safe_dump(kube_proxy_config(
+            self.layout, plane.kubeconfig("kube-proxy", plane.tokens["kube-proxy"]), self.node_name)))
+        self._spawn("kube-proxy", [plane.bin / "kube-proxy", f"--config={proxy_config}", "--v=1"])
         self.coredns_ready_port = free_port()
-        config = self.work / "Corefile"
-        config.write_text(corefile(self.plane.kubeconfig("coredns", self.plane.tokens["coredns"]),
-                                   self.coredns_ready_port))
-        self._spawn("coredns", [self.layout.node_bin / "coredns", "-conf", config])
-
-    def _start_kube_router(self) -> None:
-        """Its firewall only: pod routing is the bridge's, Services kube-proxy's."""
-        kubeconfig = self.plane.kubeconfig("kube-router", self.plane.tokens["kube-router"])
-        self._spawn("kube-router", [
-            self.layout.node_bin / "kube-router", f"--kubeconfig={kubeconfig}", "--run-firewall=true",
-            "--run-router=false", "--run-service-proxy=false", "--enable-cni=false", "--enable-pod-egress=false",
-            f"--hostname-override={self.node_name}", f"--service-cluster-ip-range={SERVICE_SUBNET}",
-            "--health-port=0", "--metrics-port=0", "--v=1"])
+        dns_config = self.work / "Corefile"
+        dns_config.write_text(corefile(plane.kubeconfig("coredns", plane.tokens["coredns"]), self.coredns_ready_port))
+        self._spawn("coredns", [self.layout.node_bin / "coredns", "-conf", dns_config])
+        self._spawn("kube-router", kube_router_argv(
+            self.layout.node_bin, plane.kubeconfig("kube-router", plane.tokens["kube-router"]), self.node_name))
 
     def _node_ready(self) -> bool:
         self._check_alive()
@@ -234,30 +228,13 @@ class RealNode:
         path.chmod(0o777)
         return path
 
-    def pod_ips(self) -> set[str]:
-        return {p["status"]["podIP"] for p in self.api.list("pods", all_namespaces=True)
-                if (p.get("status") or {}).get("podIP")}
-
     # ---- stop ----------------------------------------------------------------------------------------
-
-    def _delete_pods(self, timeout: float = 90) -> None:
-        """Every pod of the node deleted while its kubelet runs, so each sandbox's network is torn down
-        through CNI (its address, its masquerade rules) as on any node. Cordoned first: the replacements
-        a controller makes (the operator's, a Deployment's) then stay Pending, bound to no node."""
-        self.api.patch("nodes", self.node_name, {"spec": {"unschedulable": True}})
-        selector = f"spec.nodeName={self.node_name}"
-        for pod in self.api.list("pods", all_namespaces=True, field_selector=selector):
-            self.api.rest.call("DELETE", self.api.url("pods", pod["metadata"]["namespace"], pod["metadata"]["name"]),
-                               params={"gracePeriodSeconds": "1"})
-        with contextlib.suppress(AssertionError):
-            wait_until(lambda: not self.api.list("pods", all_namespaces=True, field_selector=selector), timeout,
-                       0.5, "the node's pods gone")
 
     def stop(self) -> None:
         try:
             if "kubelet" in self.processes and self.processes["kubelet"].poll() is None:
                 with contextlib.suppress(Exception):
-                    self._delete_pods()
+                    delete_node_pods(self.api, self.node_name)
             for name in ("kube-router", "coredns", "kube-proxy", "kubelet"):
                 if name in self.processes:
                     stop_process(self.processes[name], 15)
@@ -268,12 +245,6 @@ class RealNode:
         finally:
             self._stack.close()
             shutil.rmtree(self.work / "claims", ignore_errors=True)
-
-    def __enter__(self) -> RealNode:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 __all__ = ["IMAGE_STORE", "PAUSE_IMAGE", "RealNode", "node_bin"]

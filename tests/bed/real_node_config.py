@@ -189,6 +189,14 @@ def corefile(kubeconfig: Path, ready_port: int) -> str:
 """
 
 
+def kube_router_argv(node_bin: Path, kubeconfig: Path, node_name: str) -> list[str]:
+    """kube-router's firewall only: pod routing is the bridge's, Services kube-proxy's."""
+    return [str(node_bin / "kube-router"), f"--kubeconfig={kubeconfig}", "--run-firewall=true", "--run-router=false",
+            "--run-service-proxy=false", "--enable-cni=false", "--enable-pod-egress=false",
+            f"--hostname-override={node_name}", f"--service-cluster-ip-range={SERVICE_SUBNET}", "--health-port=0",
+            "--metrics-port=0", "--v=1"]
+
+
 def _cluster_role(name: str, rules: list[Body], user: str) -> list[Body]:
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
@@ -224,4 +232,4 @@ def json_file(path: Path, body: Any) -> Path:
 
 __all__ = ["BRIDGE", "CGROUP_ROOT", "CLUSTER_DOMAIN", "CNI_NETWORK", "GATEWAY", "POD_SUBNET", "SERVICE_SUBNET",
            "NodeLayout", "cni_network", "containerd_config", "corefile", "json_file", "kube_proxy_config",
-           "kubelet_config", "node_parts_rbac"]
+           "kube_router_argv", "kubelet_config", "node_parts_rbac"]

@@ -16,9 +16,11 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .common import start_process
 from .real_node_config import BRIDGE, CGROUP_ROOT, CNI_NETWORK, GATEWAY, POD_SUBNET, NodeLayout
 
 if TYPE_CHECKING:
@@ -27,6 +29,25 @@ if TYPE_CHECKING:
 #: What the kubelet sets machine-wide as it starts (pkg/kubelet/cm, setupKernelTunables).
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
+class NodeProcesses:
+    """A node's host processes: each started with its log in the node's directory and remembered in the
+    host's record (so a later run can stop one a killed test left), and checked for an early exit."""
+
+    def __init__(self, work: Path, host: HostState):
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._work, self._host = work, host
+
+    def _spawn(self, name: str, argv: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
+        self.processes[name] = start_process(argv, self._work / f"{name}.log", cwd=self._work, env=env)
+        self._host.remember_process(name, self.processes[name].pid)
+
+    def _check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self._work / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with {process.returncode}:\n{tail}")
 
 
 def _run(*argv: str | Path, check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -209,4 +230,4 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-__all__ = ["HostState"]
+__all__ = ["HostState", "NodeProcesses"]

@@ -77,10 +77,11 @@ print(json.dumps(results))
 
 
 def probe_pod(name: str, namespace: str, targets: list[tuple[str, str, int, str]], labels: dict[str, str]) -> dict:
-    """A pod that tries `targets`, as Pod Security `restricted` admits it."""
+    """A pod that tries `targets`, as Pod Security `restricted` admits it (and, labelled as a KubeRL pod,
+    the chart's admission policy: no ServiceAccount token)."""
     meta = {"name": name, "namespace": namespace, "labels": labels}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {
-        "restartPolicy": "Never",
+        "restartPolicy": "Never", "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
             "name": "probe", "image": ROLLOUT_IMAGE, "imagePullPolicy": "IfNotPresent",
