@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import REPO, RESULTS, Bench, from_tests
 
-bed_common = from_tests("bed.common")
+bed_registry = from_tests("bed.registry")
 
 IMAGES = {"rollout": "ghcr.io/kuberl/kuberl-rollout:0.1.0", "trainer": "ghcr.io/kuberl/kuberl-trainer:0.1.0"}
 
@@ -37,22 +37,6 @@ def arguments(parser) -> None:
 def podman(*args: str, root: Path | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     store = ["--root", str(root / "root"), "--runroot", str(root / "run")] if root else []
     return subprocess.run(["podman", *store, *args], capture_output=True, text=True, timeout=timeout, check=True)
-
-
-def start_registry(workdir: Path) -> tuple[subprocess.Popen, str]:
-    binary = subprocess.run([str(REPO / "scripts" / "build-registry"), "--print-bin"], capture_output=True,
-                            text=True, check=True).stdout.strip().splitlines()[-1]
-    port = bed_common.free_port()
-    config = workdir / "registry.yaml"
-    config.write_text(json.dumps({
-        "version": 0.1, "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(workdir / "blobs")}},
-        "http": {"addr": f"127.0.0.1:{port}"}}))
-    process = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL,
-                               stderr=open(workdir / "registry.log", "w"))  # noqa: SIM115 (closed with the process)
-    address = f"127.0.0.1:{port}"
-    bed_common.wait_until(lambda: bed_common.http_ok(f"http://{address}/v2/"), 30, 0.1, "the registry to answer")
-    return process, address
 
 
 def compressed_bytes(address: str, repository: str, tag: str) -> int:
@@ -99,13 +83,12 @@ def main() -> None:
     bench = Bench(__doc__, RESULTS / "image_pull.json", arguments)
     repeats = bench.args.repeats
     with tempfile.TemporaryDirectory(prefix="kuberl-pull-", dir="/var/tmp") as tmp:
-        registry, address = start_registry(Path(tmp))
+        registry = bed_registry.Registry(Path(tmp) / "blobs", Path(tmp)).start()
         try:
-            pushed = push(address)
+            pushed = push(registry.address)
             pulls = pull(pushed, Path(tmp), repeats)
         finally:
-            registry.terminate()
-            registry.wait(30)
+            registry.stop()
     version = (REPO / "scripts" / "build-registry").read_text().split("REGISTRY_VERSION=")[1].split()[0]
     medians = {role: statistics.median(pulls[role]) for role in IMAGES}
     result = {

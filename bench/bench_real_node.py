@@ -7,8 +7,9 @@ control plane with the chart's operator (bench/results/real_node.json).
 Per repeat and node, one after the other: the bed's start (control plane, node, chart, operator Ready: the
 whole `with OneNodeCluster(...)` entry), `kubectl apply` of CartPole PPO (20,000 env steps, one worker, requests
 that fit this machine's 2 CPUs) -> Succeeded as `kubectl get` sees it, the job's own time to first step, and
-the bed's stop. `--cold-images` empties the real node's image store first, so its start includes importing
-the operator, rollout and trainer images into containerd (what a first run does; later runs find them).
+the bed's stop. `--cold-images` empties the bed registry and the real node's image store first, so its first
+start pushes the operator, rollout and trainer images to the registry (scripts/build-images --push) and its
+first job pulls them (what a first run does; later runs find them).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SMALL = {"rolloutWorkers": {"replicas": 1, "envsPerWorker": 4,
 def arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each node, alternating")
     parser.add_argument("--cold-images", action="store_true",
-                        help="empty the real node's image store before its first run")
+                        help="empty the bed registry and the real node's image store before the first run")
 
 
 def job(name: str) -> dict:
@@ -70,7 +71,7 @@ def main() -> None:
     cluster_bed.ensure_images()
     if bench.args.cold_images:
         shutil.rmtree(real_node.IMAGE_STORE / "containerd", ignore_errors=True)
-        (real_node.IMAGE_STORE / "imported.json").unlink(missing_ok=True)
+        shutil.rmtree(cluster_bed.REGISTRY_STORE, ignore_errors=True)
     runs = []
     for repeat in range(bench.args.repeats):
         for real in (True, False):
@@ -94,8 +95,8 @@ def main() -> None:
         "runs": runs, "medians": medians,
         "ratios_real_over_agent": {key: round(medians["real"][key] / medians["agent"][key], 2) for key in keys},
         "notes": [
-            "one job at a time on an otherwise idle bed; the real node's first start after --cold-images includes "
-            "importing the three images into containerd (timings.images_seconds)",
+            "one job at a time on an otherwise idle bed; after --cold-images the real node's first start includes "
+            "pushing the three images to the bed registry (timings.push_seconds) and its first job pulls them",
             "CartPole PPO, 20,000 env steps, one rollout worker with 4 envs: the same job spec on both nodes",
             "image_store_gb: containerd's store of the operator, rollout and trainer images (the layers as "
             "imported, and unpacked), the bytes of its files",

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import yaml
-from tools import file_lock
+from tools import CACHE_DIR, file_lock
 
 from .common import CHART, OPERATOR_CRDS, OPERATOR_NAMESPACE, RELEASE, REPO, Body, wait_until
 from .control_plane import ADMIN, BUILD_SCRIPT, ControlPlane
@@ -42,11 +42,27 @@ from .podman import Podman, podman_network
 from .prometheus import BedPrometheus
 from .real_cluster import ApiError, Objects, Rest
 from .real_node import RealNode
+from .registry import Registry
 
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
 ROLLOUT_IMAGE = "ghcr.io/kuberl/kuberl-rollout:0.1.0"
 BED_LABEL = "kuberl.dev/test-bed"
+
+#: The bed registry's blobs, kept between runs (a push of the trainer image takes about a minute).
+REGISTRY_STORE = CACHE_DIR / "node-registry"
+
+
+def push_images(registry: str) -> None:
+    """`scripts/build-images --push`: each image the registry does not hold yet, pushed (one at a time on
+    this machine, as the builds are)."""
+    with file_lock(REPO / ".cache" / "build-images.lock"):
+        result = subprocess.run([str(REPO / "scripts" / "build-images"), "--push", registry], cwd=REPO,
+                                capture_output=True, text=True, timeout=3600, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"scripts/build-images --push failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                           f"{result.stderr[-3000:]}")
+
 
 def ensure_images(force: bool = False) -> dict[str, float]:
     """Build the images with scripts/build-images (a no-op when their inputs are unchanged).
@@ -313,14 +329,21 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
                                   kubelet_address_types=("InternalIP",), publish_endpoint=True)
         self.plane.work.mkdir(parents=True, exist_ok=True)
         self._stack.callback(self.plane.stop)
-        self.node = RealNode(self.workdir / "node", images=(OPERATOR_IMAGE, TRAINER_IMAGE, ROLLOUT_IMAGE))
+        self.node = RealNode(self.workdir / "node")
         self._stack.callback(self.node.stop)
+        self.node.prepare()  # the machine's one real node: what follows shares its stores
+        # The images reach the node as on an air-gapped cluster: pushed to a registry (its blobs kept between
+        # runs), which the node's containerd mirrors ghcr.io to.
+        self.registry = Registry(REGISTRY_STORE, self.workdir / "registry").start()
+        self._stack.callback(self.registry.stop)
         t0 = time.monotonic()
-        self.node.prepare()
+        push_images(self.registry.address)
+        self.timings["push_seconds"] = time.monotonic() - t0
+        t0 = time.monotonic()
         self.plane.start()
         self.timings["control_plane_seconds"] = time.monotonic() - t0
         self.cluster = BedApi(self.plane, self.namespaces[0])
-        self.node.start(self.plane)
+        self.node.start(self.plane, self.registry.address)
         self.timings.update(self.node.timings)
 
     def _start_node_agent(self) -> None:

@@ -3,10 +3,11 @@ A real Kubernetes node for the bed: the kubelet and kube-proxy built with the co
 (scripts/build-control-plane), containerd with Debian's runc and CNI plugins, CoreDNS as the cluster DNS,
 and kube-router's firewall enforcing NetworkPolicies (scripts/build-node), each a host process of the test.
 
-    node = RealNode(work, images=[TRAINER_IMAGE, ...])
+    node = RealNode(work)
     node.prepare()                      # the pods' bridge, whose address the API server then listens on
     plane = ControlPlane(..., address=node.address, publish_endpoint=True).start()
-    node.start(plane)                   # containerd, images, kubelet, kube-proxy, CoreDNS, kube-router; Ready
+    node.start(plane, registry.address) # containerd (pulling ghcr.io/kuberl/... from that registry), the
+                                        # kubelet, kube-proxy, CoreDNS, kube-router; Ready
     ...
     node.stop()
 
@@ -25,12 +26,10 @@ the next node's `prepare`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -41,6 +40,7 @@ from .control_plane import ADMIN, ControlPlane
 from .real_cluster import Objects, Rest
 from .real_node_config import (
     GATEWAY,
+    IMAGE_REGISTRY,
     POD_SUBNET,
     NodeLayout,
     cni_network,
@@ -51,10 +51,12 @@ from .real_node_config import (
     kube_router_argv,
     kubelet_config,
     node_parts_rbac,
+    registry_hosts,
 )
 from .real_node_host import HostState, NodeProcesses
 
-#: The image store, kept between runs: importing the trainer image takes minutes.
+#: containerd's image store (and the node's lock and record), kept between runs: pulling the trainer image
+#: takes a minute.
 IMAGE_STORE = CACHE_DIR / "node-images"
 PAUSE_IMAGE = "localhost/kuberl/pause:3.10"
 
@@ -64,32 +66,6 @@ def node_bin() -> Path:
     if found.returncode != 0:
         raise RuntimeError("the node is not built: run ./scripts/build-node (./scripts/test does)")
     return Path(found.stdout.strip().splitlines()[-1])
-
-
-def import_images(ctr: Callable[..., subprocess.CompletedProcess[str]], pause: Path, images: Sequence[str]) -> None:
-    """The pause image from its archive; each of `images` from podman's store (`podman save | ctr images
-    import`), unless containerd holds that very image (podman's id of it, recorded at its last import)."""
-    ctr("images", "import", "--local", str(pause))
-    record = IMAGE_STORE / "imported.json"
-    imported = json.loads(record.read_text()) if record.exists() else {}
-    present = set(ctr("images", "ls", "--quiet").stdout.split())
-    for image in images:
-        image_id = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
-                                  capture_output=True, text=True, check=True).stdout.strip()
-        if imported.get(image) == image_id and image in present:
-            continue
-        save = subprocess.Popen(["podman", "save", "--format", "docker-archive", image], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
-        try:
-            ctr("images", "import", "--local", "-", stdin=save.stdout.fileno() if save.stdout else None, timeout=1200)
-        finally:
-            if save.stdout:
-                save.stdout.close()
-            save.wait(60)
-        if save.returncode != 0:
-            raise RuntimeError(f"podman save {image} failed ({save.returncode})")
-        imported[image] = image_id
-        record.write_text(json.dumps(imported, indent=1))
 
 
 def delete_node_pods(api: Objects, node_name: str, timeout: float = 90) -> None:
@@ -112,10 +88,10 @@ class RealNode(NodeProcesses):
     address = GATEWAY
     pod_subnet = POD_SUBNET
 
-    def __init__(self, work: Path, *, images: Sequence[str] = (), node_name: str = NODE):
+    def __init__(self, work: Path, *, node_name: str = NODE):
         self.work = Path(work)
         self.node_name = node_name
-        self.images = tuple(images)
+        self.registry = ""
         self.errors: list[str] = []
         self._stack = contextlib.ExitStack()
         self.layout = NodeLayout(work=self.work, images=IMAGE_STORE / "containerd", node_bin=node_bin(),
@@ -137,14 +113,14 @@ class RealNode(NodeProcesses):
         self.host.make_bridge()
         return self.address
 
-    def start(self, plane: ControlPlane, timeout: float = 180) -> RealNode:
+    def start(self, plane: ControlPlane, registry: str, timeout: float = 180) -> RealNode:
+        """`registry`: where the node pulls ghcr.io's images from (`registry.Registry`'s address)."""
         t0 = time.monotonic()
-        self.plane = plane
+        self.plane, self.registry = plane, registry
         self.api = Objects(Rest(plane, plane.tokens[ADMIN]), "default")
         plane.apply(node_parts_rbac())
         self._start_containerd()
-        import_images(self.ctr, self.layout.node_bin / "pause.tar", self.images)
-        self.timings["images_seconds"] = time.monotonic() - t0
+        self.ctr("images", "import", "--local", str(self.layout.node_bin / "pause.tar"))
         self.host.record_sysctls()
         self.host.make_cgroup_root()
         self._start_kubelet()
@@ -175,6 +151,9 @@ class RealNode(NodeProcesses):
         config = self.work / "containerd.toml"
         config.write_text(containerd_config(self.layout))
         json_file(self.layout.cni_conf_dir / "10-kuberl-node.conflist", cni_network(self.layout))
+        hosts = self.layout.registry_hosts / IMAGE_REGISTRY / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(registry_hosts(self.registry))
         # containerd finds its runc shim on PATH
         env = {**os.environ, "PATH": f"{self.layout.node_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         self._spawn("containerd", [self.layout.node_bin / "containerd", "--config", config], env=env)

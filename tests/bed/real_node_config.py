@@ -51,14 +51,18 @@ class NodeLayout:
     def pod_logs(self) -> Path:
         return self.work / "pod-logs"
 
+    @property
+    def registry_hosts(self) -> Path:
+        return self.work / "registries"
+
 
 def containerd_config(layout: NodeLayout) -> str:
     """containerd v2's configuration (version 3) for the kubelet's CRI, on cgroup v1 with cgroupfs.
 
     `restrict_oom_score_adj`: this machine lacks CAP_SYS_RESOURCE, so runc cannot give a sandbox the
-    oom_score_adj of -998 the kubelet asks, and every sandbox would fail without it. Images are imported
-    (`ctr images import`), never pulled: the pause image is pinned so that its garbage collection never
-    removes it."""
+    oom_score_adj of -998 the kubelet asks, and every sandbox would fail without it. Images are pulled
+    through the registries' hosts files (`registry_hosts`); the pause image is imported from its archive
+    and pinned, so that garbage collection never removes it."""
     state = layout.work / "containerd"
     return f"""version = 3
 root = "{layout.images}"
@@ -83,6 +87,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{layout.pause_image}'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '{layout.registry_hosts}'
   [plugins.'io.containerd.cri.v1.runtime']
     enable_selinux = false
     restrict_oom_score_adj = true
@@ -107,6 +113,21 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     disable_tcp_service = true
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
+"""
+
+
+#: The registry KubeRL's images are named after (the chart's defaults: ghcr.io/kuberl/kuberl-*).
+IMAGE_REGISTRY = "ghcr.io"
+
+
+def registry_hosts(mirror: str) -> str:
+    """containerd's hosts file for ghcr.io: resolve and pull from `mirror` (a registry on loopback, plain
+    HTTP), as an air-gapped cluster's nodes pull through a mirror; the upstream stays the server of record,
+    which this machine cannot reach."""
+    return f"""server = "https://{IMAGE_REGISTRY}"
+
+[host."http://{mirror}"]
+  capabilities = ["pull", "resolve"]
 """
 
 
@@ -230,6 +251,6 @@ def json_file(path: Path, body: Any) -> Path:
     return path
 
 
-__all__ = ["BRIDGE", "CGROUP_ROOT", "CLUSTER_DOMAIN", "CNI_NETWORK", "GATEWAY", "POD_SUBNET", "SERVICE_SUBNET",
-           "NodeLayout", "cni_network", "containerd_config", "corefile", "json_file", "kube_proxy_config",
-           "kube_router_argv", "kubelet_config", "node_parts_rbac"]
+__all__ = ["BRIDGE", "CGROUP_ROOT", "CLUSTER_DOMAIN", "CNI_NETWORK", "GATEWAY", "IMAGE_REGISTRY", "POD_SUBNET",
+           "SERVICE_SUBNET", "NodeLayout", "cni_network", "containerd_config", "corefile", "json_file",
+           "kube_proxy_config", "kube_router_argv", "kubelet_config", "node_parts_rbac", "registry_hosts"]

@@ -166,3 +166,67 @@ def test_the_jobs_network_policies_admit_its_own_pods_and_refuse_the_rest(bed):
     bed.kubectl("delete", "rltj", job, "-n", NS, "--wait=true", "--timeout=120s")
     wait_until(lambda: not bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={job}"), 120, 0.5,
                f"the pods of {job} gone")
+
+
+def pod_events(bed: OneNodeCluster, pod: str) -> list[dict]:
+    return bed.cluster.events(NS, involved_name=pod)
+
+
+def run_pod(bed: OneNodeCluster, name: str, image: str, policy: str) -> dict:
+    """A pod of `image` that prints and exits, pulled under `policy`; returns it once it ended."""
+    body = probe_pod(name, NS, [], {})
+    body["spec"]["containers"][0].update(image=image, imagePullPolicy=policy, command=["python3", "-c", "print('ran')"])
+    apply(bed, body)
+    return bed.cluster.wait_for("pods", name, lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+                                namespace=NS, timeout=300)
+
+
+def test_images_are_pulled_from_the_registry_by_reference(bed):
+    """The node's containerd mirrors ghcr.io to the bed's registry, where scripts/build-images pushed the
+    images: a pod names ghcr.io/kuberl/kuberl-rollout:<tag>, as the chart does, and the kubelet pulls it."""
+    # IfNotPresent, with the image gone from the node's store: the kubelet pulls it.
+    bed.node.ctr("images", "rm", ROLLOUT_IMAGE)
+    assert run_pod(bed, "pull-if-not-present", ROLLOUT_IMAGE, "IfNotPresent")["status"]["phase"] == "Succeeded"
+    # Always: pulled on every start, the image being present or not (the registry answers for its digest).
+    assert run_pod(bed, "pull-always", ROLLOUT_IMAGE, "Always")["status"]["phase"] == "Succeeded"
+    for pod in ("pull-if-not-present", "pull-always"):
+        # kubelet's events are posted apart from the status it writes: wait for them
+        pulled = wait_until(lambda pod=pod: [e["message"] for e in pod_events(bed, pod) if e["reason"] == "Pulled"],
+                            60, 0.5, f"the Pulled event of {pod}")
+        assert pulled[0].startswith(f'Successfully pulled image "{ROLLOUT_IMAGE}"'), pulled
+        assert "Pulling" in {e["reason"] for e in pod_events(bed, pod)}
+    assert bed.kubectl("logs", "-n", NS, "pull-always").stdout.strip() == "ran"
+
+    # A reference the registry does not hold: the kubelet's own ErrImagePull, then ImagePullBackOff.
+    missing = "ghcr.io/kuberl/kuberl-missing:0.0.0"
+    body = probe_pod("pull-missing", NS, [], {})
+    body["spec"]["containers"][0].update(image=missing, command=["python3"])
+    apply(bed, body)
+
+    def waiting_reason(pod: dict) -> bool:
+        state = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state") or {}
+        return (state.get("waiting") or {}).get("reason") == "ImagePullBackOff"
+
+    bed.cluster.wait_for("pods", "pull-missing", waiting_reason, namespace=NS, timeout=120)
+    # the kubelet's Failed events: the pull's error from the registry, then the container's reason
+    def failures() -> list[str]:
+        return [e["message"] for e in pod_events(bed, "pull-missing") if e["reason"] == "Failed"]
+
+    failed = wait_until(lambda: (m := failures()) and "Error: ErrImagePull" in m and m, 60, 0.5,
+                        "the kubelet's ErrImagePull event")
+    assert any(missing in m and "not found" in m for m in failed), failed
+    for pod in ("pull-if-not-present", "pull-always", "pull-missing"):
+        bed.kubectl("delete", "pod", "-n", NS, pod, "--wait=false")
+
+
+def test_a_job_whose_image_the_registry_lacks_fails_at_its_startup_deadline(bed):
+    job = cartpole("no-image", 20_000)
+    job["spec"].update(image="ghcr.io/kuberl/kuberl-missing:0.0.0", startupDeadlineSeconds=30)
+    apply(bed, job)
+    starting = bed.cluster.wait_for("rltj", "no-image", lambda j: "ImagePullBackOff" in (
+        (j.get("status") or {}).get("message") or ""), namespace=NS, timeout=120)["status"]
+    assert starting["phase"] == "Starting" and "ghcr.io/kuberl/kuberl-missing:0.0.0" in starting["message"], starting
+    status = bed.cluster.wait_for("rltj", "no-image", lambda j: (j.get("status") or {}).get("phase") == "Failed",
+                                  namespace=NS, timeout=120)["status"]
+    assert status["reason"] == "StartupDeadlineExceeded" and "ImagePull" in status["message"], status
+    bed.kubectl("delete", "rltj", "no-image", "-n", NS, "--wait=true", "--timeout=120s")
