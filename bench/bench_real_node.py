@@ -99,7 +99,7 @@ def main() -> None:
             "pushing the three images to the bed registry (timings.push_seconds) and its first job pulls them",
             "CartPole PPO, 20,000 env steps, one rollout worker with 4 envs: the same job spec on both nodes",
             "image_store_gb: containerd's store of the operator, rollout and trainer images (the layers as "
-            "imported, and unpacked), the bytes of its files",
+            "pulled, and unpacked), the bytes of its files",
         ],
     }
     bench.write(result)

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 from tools import CACHE_DIR, file_lock
 
-from .common import NODE, SCRIPTS, free_port, http_ok, self_signed_certificate, stop_process, wait_until
+from .common import NODE, SCRIPTS, free_port, http_ok, pinned, self_signed_certificate, stop_process, wait_until
 from .control_plane import ADMIN, ControlPlane
 from .real_cluster import Objects, Rest
 from .real_node_config import (
@@ -58,7 +58,8 @@ from .real_node_host import HostState, NodeProcesses
 #: containerd's image store (and the node's lock and record), kept between runs: pulling the trainer image
 #: takes a minute.
 IMAGE_STORE = CACHE_DIR / "node-images"
-PAUSE_IMAGE = "localhost/kuberl/pause:3.10"
+#: The pause image's name, as scripts/build-node writes it into its archive (pinned there only).
+PAUSE_IMAGE = pinned("build-node", "PAUSE_IMAGE")
 
 
 def node_bin() -> Path:
