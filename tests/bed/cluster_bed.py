@@ -304,7 +304,6 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
             self._start_real_node()
         else:
             self._start_node_agent()
-            self.timings["control_plane_seconds"] = time.monotonic() - t0
         self.provisioner = ClaimProvisioner(self.cluster, self.node)
         self.provisioner.start()
         self._stack.callback(self.provisioner.stop)
@@ -347,6 +346,7 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         self.timings.update(self.node.timings)
 
     def _start_node_agent(self) -> None:
+        t0 = time.monotonic()
         subnet = self._stack.enter_context(podman_network(self.podman, self.network, int(self.id, 16)))
         # The bridge and its gateway address exist once something is attached: an empty pod (its
         # infra container only) holds them up, so the API server can listen there before any pod runs.
@@ -361,6 +361,7 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         self.plane.work.mkdir(parents=True, exist_ok=True)
         self._stack.callback(self.plane.stop)
         self.plane.start()
+        self.timings["control_plane_seconds"] = time.monotonic() - t0
         self.cluster = BedApi(self.plane, self.namespaces[0])
         options = {"restart_backoff": self.restart_backoff} if self.restart_backoff else {}
         self.agent = NodeAgent(self.plane.server, self.plane.tokens["node"], self.plane.ca, self.workdir / "node",
