@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
+import subprocess
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -100,6 +104,26 @@ def probe(bed: OneNodeCluster, name: str, namespace: str, targets: list[tuple[st
     return json.loads(logs.strip().splitlines()[-1])
 
 
+def port_forwarded(bed: OneNodeCluster, pod: str, port: int, path: str) -> str:
+    """GET `path` from `pod`'s `port` through `kubectl port-forward` to a local port kubectl picks."""
+    forward = subprocess.Popen(["kubectl", "port-forward", "-n", NS, f"pod/{pod}", f":{port}"], env=bed.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # kubectl says where it listens on its first line, or why it cannot; a hang is cut at 60 s
+    killer = threading.Timer(60, forward.kill)
+    killer.start()
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        local = re.search(r"Forwarding from 127\.0\.0\.1:(\d+) ->", line)
+        assert local, line + forward.stdout.read() if forward.poll() is not None else line
+        with urllib.request.urlopen(f"http://127.0.0.1:{local[1]}{path}", timeout=30) as answer:
+            return answer.read().decode()
+    finally:
+        killer.cancel()
+        forward.terminate()
+        forward.wait(10)
+
+
 def exec_python(bed: OneNodeCluster, pod: str, code: str) -> str:
     """`kubectl exec` into a pod of the job (through the API server to the kubelet, to containerd)."""
     return bed.kubectl("exec", "-n", NS, pod, "--", "python3", "-c", code, timeout=60).stdout.strip()
@@ -160,6 +184,9 @@ def test_the_jobs_network_policies_admit_its_own_pods_and_refuse_the_rest(bed):
             else:
                 assert tries[-1] == "connected", (name, target, tries)
 
+    # `kubectl port-forward`, as a user reads the learner's metrics: through the API server, the kubelet and
+    # containerd's streaming server into the pod's network namespace.
+    assert "kuberl_env_steps_total" in port_forwarded(bed, f"{job}-learner", metrics, "/metrics")
     # Prometheus on the host scraped the learner through its pod annotations.
     wait_until(lambda: bed.prometheus_query(f'kuberl_env_steps_total{{kubernetes_pod_name="{job}-learner"}} > 0'),
                120, 1, "Prometheus's scrape of the learner")
