@@ -56,8 +56,18 @@ BEDS_AT_ONCE = 1
 BEDS_WHEN_ONLY_BEDS_LEFT = 2
 
 
+#: The modules whose bed is a real node (tests/bed/real_node.py): one per machine (the kubelet's device-plugin
+#: directory and the firewall are the machine's), so a worker starts none while another worker runs one.
+REAL_NODE_MODULES = ("test_real_node", "test_e2e_faults")
+
+
 def is_end_to_end(nodeid: str) -> bool:
     return nodeid.startswith("tests/e2e/")
+
+
+def on_real_node(nodeid: str) -> bool:
+    return is_end_to_end(nodeid) and nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py") in \
+        REAL_NODE_MODULES
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without workers (`-p no:xdist`) has no such hook
@@ -65,7 +75,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Workers (`pytest -n N`, as ./scripts/test runs) take whole test modules, so a module's fixtures (a
     training run several tests read, a cluster bed) are made once and two of its tests never race for its
     namespace or files. The queue is in collection order (end-to-end modules first), but a worker skips an
-    end-to-end module while a bed runs elsewhere."""
+    end-to-end module while a bed runs elsewhere, and a real node's module while another one runs."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
@@ -73,15 +83,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return nodeid.split("::", 1)[0]
 
         def _assign_work_unit(self, node) -> None:
-            beds = sum(1 for other, units in self.assigned_work.items() if other is not node and any(
-                is_end_to_end(scope) and not all(done.values()) for scope, done in units.items()))
-            first = next((scope for scope in self.workqueue if not is_end_to_end(scope)), None)
-            if beds >= (BEDS_AT_ONCE if first is not None else BEDS_WHEN_ONLY_BEDS_LEFT):
-                if first is None:
-                    # Only beds are left and as many run as may: this worker is done, theirs take the rest.
-                    node.shutdown()
-                    return
-                self.workqueue.move_to_end(first, last=False)  # take the first module that is not end-to-end
+            # Each other worker's end-to-end modules not yet done (a worker holds its next module before its
+            # last test ends): a worker holding any holds a bed.
+            beds = [[scope for scope, done in units.items() if is_end_to_end(scope) and not all(done.values())]
+                    for other, units in self.assigned_work.items() if other is not node]
+            running = [scope for held in beds for scope in held]
+            others_queued = any(not is_end_to_end(scope) for scope in self.workqueue)
+            beds_free = sum(1 for held in beds if held) < (BEDS_AT_ONCE if others_queued else BEDS_WHEN_ONLY_BEDS_LEFT)
+            real_node_free = not any(on_real_node(scope) for scope in running)
+            first = next((scope for scope in self.workqueue if not is_end_to_end(scope) or (
+                beds_free and (real_node_free or not on_real_node(scope)))), None)
+            if first is None:
+                # Only beds are left and none may start now: this worker is done, the others take the rest.
+                node.shutdown()
+                return
+            self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)
 
     return ByModule(config, log)

@@ -42,6 +42,7 @@ from .podman import Podman, podman_network
 from .prometheus import BedPrometheus
 from .real_cluster import ApiError, Objects, Rest
 from .real_node import RealNode
+from .real_node_pods import LogKeeper
 from .registry import Registry
 
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
@@ -344,6 +345,10 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         self.cluster = BedApi(self.plane, self.namespaces[0])
         self.node.start(self.plane, self.registry.address)
         self.timings.update(self.node.timings)
+        keep = os.environ.get("KUBERL_BED_LOG_DIR")
+        if keep:  # every container's log kept past its pod, for a failed test's post-mortem
+            self.log_keeper = LogKeeper(self.node.layout.pod_logs, pathlib.Path(keep)).start()
+            self._stack.callback(self.log_keeper.stop)
 
     def _start_node_agent(self) -> None:
         t0 = time.monotonic()
@@ -435,6 +440,7 @@ def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeClus
         print(f"end-to-end mode: podman containers on network {running.network}")
         yield running
         assert not running.node.errors, running.node.errors
+        assert not getattr(running, "log_keeper", running.node).errors, running.log_keeper.errors
         assert not running.provisioner.errors, running.provisioner.errors
 
 

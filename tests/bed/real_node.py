@@ -54,6 +54,7 @@ from .real_node_config import (
     registry_hosts,
 )
 from .real_node_host import HostState, NodeProcesses
+from .real_node_pods import NodeContainers
 
 #: containerd's image store (and the node's lock and record), kept between runs: pulling the trainer image
 #: takes a minute.
@@ -100,6 +101,7 @@ class RealNode(NodeProcesses):
                                  proxy_metrics_port=free_port())
         self.host = HostState(IMAGE_STORE / "host-state.json", self.layout)
         NodeProcesses.__init__(self, self.work, self.host)
+        self.containers = NodeContainers(self.ctr)
         self.timings: dict[str, float] = {}
 
     # ---- start ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """
-Faults on real containers: each test breaks one thing while a job is mid-training on the one-node bed
-(tests/bed/cluster_bed.py) and checks what a user relies on: the job still reaches Complete, the episode
+Faults on a real node: each test breaks one thing while a job is mid-training on the one-node bed
+(tests/bed/cluster_bed.py, its node a real kubelet with containerd, kube-proxy, CoreDNS and kube-router)
+and checks what a user relies on: the job still reaches Complete, the episode
 and env-step counters never go backwards (a restarted learner resumes exactly at its checkpoint's
 counters), at most one checkpoint interval's env steps are lost, the conditions and Events say what
 happened, and no pod or container is left over or duplicated.
@@ -15,7 +16,9 @@ claim (the learner appends a row per iteration, across restarts) for the length 
 With KUBERL_FAULTS_RESULTS=path, the module writes the table (fault, recovered, seconds to recover,
 env steps lost, orphans) there: `bench/bench_faults.py` runs it so.
 
-Mode: podman containers.
+Containers are killed, listed and their tasks' pids found through containerd (`ctr`), as a node's admin
+would; the kubelet deletes a pod's logs with it, so the bed keeps each container's log (a hard link made as
+it appears) for the post-mortem of a learner whose pod is gone.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,8 +36,8 @@ from typing import Any
 
 import pytest
 import yaml
-from bed.cluster_bed import BED_LABEL, OneNodeCluster, bed_for_tests
-from bed.common import wait_until
+from bed.cluster_bed import OneNodeCluster, bed_for_tests
+from bed.common import OPERATOR_NAMESPACE, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "ml-faults"
@@ -47,6 +51,15 @@ MAX_RATE = 2 * 8 / STEP_SECONDS
 MAX_ENV_STEPS = 80_000
 #: A wait on the job gives up after this many times its stall limit even while the job moves.
 STALLS_AT_MOST = 4
+#: CPU requests that fit the node's two cores with a job of four workers beside the operator and a second
+#: job (the default requests, a CPU per worker and learner, would leave pods Pending).
+SMALL = {"head.resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+         "rolloutWorkers.resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+         "learner.resources": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
+#: The operator's liveness probe as the bed sets it (the chart's values), so a hung operator is restarted
+#: within seconds rather than a minute; its 30 s grace period still comes after.
+LIVENESS = {"livenessProbe.periodSeconds": "2", "livenessProbe.timeoutSeconds": "1",
+            "livenessProbe.failureThreshold": "2"}
 
 pytestmark = [pytest.mark.slow]
 
@@ -61,8 +74,8 @@ def bed(tmp_path_factory):
     before = os.environ.get("KUBERL_BED_LOG_DIR")
     os.environ["KUBERL_BED_LOG_DIR"] = logs
     try:
-        with bed_for_tests(tmp_path_factory.mktemp("faults"), namespaces=(NS,)) as running:
-            running.saved_logs = Path(logs)
+        with bed_for_tests(tmp_path_factory.mktemp("faults"), namespaces=(NS,), real_node=True,
+                           helm_values=LIVENESS) as running:
             yield running
     finally:
         if before is None:
@@ -97,7 +110,7 @@ def fault_job(name: str, **spec_changes: Any) -> tuple[dict, dict]:
                              "volume": {"claimName": f"{name}-checkpoints"}}
     spec["evaluation"] = {"episodes": 5}
     spec["backoffLimit"] = 6
-    for dotted, value in spec_changes.items():
+    for dotted, value in {**SMALL, **spec_changes}.items():
         node = spec
         *parents, last = dotted.split(".")
         for key in parents:
@@ -296,23 +309,23 @@ def recovery_seconds(obs: Observer, fault_at: float, desired: int) -> float:
     return round(max(row.seen, healthy_from) - fault_at, 1)
 
 
-def bed_objects(bed: OneNodeCluster) -> list[tuple[str, str, str]]:
-    """(container name, pod uid, state) of every podman container of the bed's pods."""
-    out = bed.agent.podman("ps", "--all", "--filter", f"label={BED_LABEL}={bed.id}", "--format",
-                           '{{.Names}}\t{{index .Labels "io.kubernetes.pod.uid"}}\t{{.State}}').stdout
-    return [tuple(line.split("\t")) for line in out.splitlines() if "\t" in line]  # type: ignore[misc]
+def running(bed: OneNodeCluster, job: str) -> list[str]:
+    """The job's containers running on the node (k8s_<container>_<pod>_<namespace>_<pod uid>). One that
+    exited may stay until the kubelet removes it; only a running one is left over."""
+    return [c.name for c in bed.node.containers.list() if c.running and c.namespace == NS
+            and c.pod.startswith(f"{job}-")]
 
 
 def orphans(bed: OneNodeCluster, job: str) -> list[str]:
-    """Containers of the job's pods that are running after the job finished, or whose pod is gone;
-    pods of the job other than the finished learner."""
+    """Containers of the job's pods that are running after the job finished; pods of the job other than
+    the finished learner."""
     pods = bed.cluster.list("pods", NS, label_selector=f"kuberl.dev/job-name={job}")
     uids = {p["metadata"]["uid"] for p in pods}
     extra = [f"pod {p['metadata']['name']} ({(p.get('status') or {}).get('phase')}"
              f"{', deleted at ' + p['metadata']['deletionTimestamp'] if p['metadata'].get('deletionTimestamp') else ''})"
              for p in pods if p["metadata"]["name"] != f"{job}-learner"]
-    containers = [(n, u, s) for n, u, s in bed_objects(bed) if f"_{job}-" in n]
-    extra += [f"container {n} ({s})" for n, u, s in containers if u not in uids or s == "running"]
+    extra += [f"container {name} (running{'' if name.rsplit('_', 1)[-1] in uids else ', its pod gone'})"
+              for name in running(bed, job)]
     return extra
 
 
@@ -324,10 +337,23 @@ def events(bed: OneNodeCluster, job: str) -> list[tuple[str, str]]:
     return [(e.get("reason", ""), e.get("message", "")) for e in bed.cluster.events(NS, job)]
 
 
-def container(bed: OneNodeCluster, pod: str, name: str) -> str:
-    uid = bed.cluster.get("pods", pod, NS)["metadata"]["uid"]
-    return wait_until(lambda: bed.agent.pods[uid].containers[name].current
-                      if uid in bed.agent.pods else None, 60, 0.2, f"the container {name} of {pod}")
+def container(bed: OneNodeCluster, pod: str, name: str, namespace: str = NS) -> str:
+    """The containerd id of a pod's running container, from the status the kubelet reports."""
+    def running_id() -> str | None:
+        statuses = container_statuses(bed, pod, namespace)
+        return next((s["containerID"].split("://", 1)[1] for s in statuses if s["name"] == name
+                     and (s.get("state") or {}).get("running") and s.get("containerID")), None)
+
+    return wait_until(running_id, 60, 0.2, f"the container {name} of {pod} running")
+
+
+def container_statuses(bed: OneNodeCluster, pod: str, namespace: str = NS) -> list[dict[str, Any]]:
+    return ((bed.cluster.get("pods", pod, namespace) or {}).get("status") or {}).get("containerStatuses") or []
+
+
+def kill(bed: OneNodeCluster, pod: str, name: str) -> None:
+    """SIGKILL to a container, as the kernel's OOM killer or a crash ends it: the kubelet sees it exit."""
+    bed.node.containers.kill(container(bed, pod, name))
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -342,7 +368,7 @@ class Fault:
         self.started = time.time()  # a kept log older than this is an earlier run's (a reused KUBERL_BED_LOG_DIR)
         job, claim = fault_job(name, **spec_changes)
         self.max_env_steps = job["spec"]["stopping"]["maxEnvSteps"]
-        self.run_dir = bed.agent.claim_dir(NS, claim["metadata"]["name"])
+        self.run_dir = bed.node.claim_dir(NS, claim["metadata"]["name"])
         apply(bed, claim, job)
         self.obs = Observer(bed, name, self.run_dir)
         self.fault_at: float | None = None
@@ -393,8 +419,8 @@ class Fault:
         # `kubectl logs` of the finished learner, read before the job (and its pods) is deleted.
         self.learner_logs = self.bed.kubectl("logs", "-n", NS, f"{self.name}-learner").stdout
         self.bed.kubectl("delete", "rltj", self.name, "-n", NS, "--wait=true", "--timeout=120s")
-        wait_until(lambda: not [n for n, _, _ in bed_objects(self.bed) if f"_{self.name}-" in n], 120, 0.5,
-                   f"{self.name}: every container gone after kubectl delete")
+        wait_until(lambda: not running(self.bed, self.name), 120, 0.5,
+                   f"{self.name}: no container running after kubectl delete")
         return status
 
     def post_mortem(self) -> str:
@@ -436,18 +462,12 @@ class Fault:
         return out[-40:]
 
     def learner_container_logs(self) -> list[tuple[str, str]]:
-        """Every learner container's log, oldest first: those whose pod has gone (kept by the module's bed) and
-        those of pods still on the node."""
-        saved = getattr(self.bed, "saved_logs", None)
-        paths = sorted((p for p in saved.glob(f"k8s_learner_{self.name}-learner_*.log")
-                        if p.stat().st_mtime >= self.started), key=lambda p: p.stat().st_mtime) if saved else []
-        out = [(p.stem, p.read_text(errors="replace")) for p in paths]
-        kept = {name for name, _ in out}
-        for name, _uid, _state in bed_objects(self.bed):
-            if name.startswith(f"k8s_learner_{self.name}-learner_") and name not in kept:
-                got = self.bed.agent.podman("logs", name, check=False)
-                out.append((name + " (pod still there)", got.stdout + got.stderr))
-        return out
+        """Every learner container's log, oldest first, whether its pod is gone or still on the node (the bed
+        keeps each as it appears)."""
+        self.bed.log_keeper.sync()
+        paths = sorted((p for p in self.bed.log_keeper.keep.glob(f"k8s_learner_{self.name}-learner_*.log")
+                        if p.stat().st_mtime >= self.started), key=lambda p: p.stat().st_mtime)
+        return [(p.stem, p.read_text(errors="replace")) for p in paths]
 
 
 #: What says how a learner run went: its start, its iterations, its stop, and any error.
@@ -518,7 +538,7 @@ def test_rollout_worker_killed_then_deleted(bed):
     f.wait_training()
     killed_uid = bed.cluster.get("pods", "fault-worker-worker-1", NS)["metadata"]["uid"]
     f.mark()
-    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-worker-worker-1", "rollout-worker"))
+    kill(bed, "fault-worker-worker-1", "rollout-worker")
     wait_until(lambda: has_event(bed, "fault-worker", "WorkerReplaced", "fault-worker-worker-1"), 60, 0.2,
                "a WorkerReplaced event")
     wait_until(lambda: (p := bed.cluster.get("pods", "fault-worker-worker-1", NS)) and
@@ -539,7 +559,7 @@ def test_learner_killed_after_its_first_checkpoint(bed):
     f.wait_checkpoint(1)
     f.wait_training()
     f.mark()
-    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-learner-learner", "learner"))
+    kill(bed, "fault-learner-learner", "learner")
     wait_until(lambda: has_event(bed, "fault-learner", "LearnerRestarted", "exited with code 137"), 60, 0.2,
                f"a LearnerRestarted event: {events(bed, 'fault-learner')}")
     status = f.finish(learner_restarts=True)
@@ -553,7 +573,7 @@ def test_ray_head_killed(bed):
     f.wait_checkpoint(1)
     f.wait_training()
     f.mark()
-    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-head-head", "ray-head"))
+    kill(bed, "fault-head-head", "ray-head")
     wait_until(lambda: has_event(bed, "fault-head", "HeadRestarted"), 60, 0.2,
                f"a HeadRestarted event: {events(bed, 'fault-head')}")
     # The learner checkpoints as soon as its head stops answering and trains no further: nothing is lost,
@@ -598,6 +618,38 @@ def test_operator_stopped_longer_than_a_reconcile_interval(bed):
     RESULTS[-1]["note"] = "seconds from the operator's start to status.progress moving again"
 
 
+def test_operator_hung_is_restarted_by_its_liveness_probe(bed):
+    """The operator's process stops (SIGSTOP: from outside, a deadlocked event loop looks the same). Its
+    liveness probe (the chart's, on kopf's /healthz) fails, the kubelet kills the container once its grace
+    period is over (a stopped process takes no SIGTERM) and starts it again; the restarted operator adopts
+    the job's pods, and the job completes as if nothing had happened."""
+    # Training must outlast detection, the 30 s grace period and the operator's start: >= 60 s.
+    f = Fault(bed, "fault-hung", "operator: hung (SIGSTOP), restarted by the kubelet's liveness probe",
+              **{"stopping.maxEnvSteps": 300_000})
+    f.wait_training()
+    before = dict(f.obs.samples[-1].pods)
+    pod = bed.operator_pod_name
+    restarts = container_statuses(bed, pod, OPERATOR_NAMESPACE)[0]["restartCount"]
+    pid = bed.node.containers.pid(container(bed, pod, "operator", OPERATOR_NAMESPACE))
+    f.mark()
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: container_statuses(bed, pod, OPERATOR_NAMESPACE)[0]["restartCount"] > restarts, 180, 0.5,
+               "the kubelet restarting the hung operator")
+    bed.wait_operator_ready()
+    ready = round(time.monotonic() - f.fault_at, 1)
+    said = [(e.get("reason"), e.get("message", "")) for e in bed.cluster.events(OPERATOR_NAMESPACE, pod)]
+    assert any(r == "Unhealthy" and "Liveness probe failed" in m for r, m in said), said
+    assert any(r == "Killing" and "failed liveness probe" in m for r, m in said), said
+    status = f.finish()
+    for sample in f.obs.samples:
+        if sample.t > f.fault_at:
+            assert all(before.get(n) == u for n, u in sample.pods.items()), (before, sample.pods)
+    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, (status, events(bed, "fault-hung"))
+    RESULTS[-1]["seconds_to_recover"] = ready
+    RESULTS[-1]["note"] = ("seconds from the SIGSTOP to the restarted operator Ready: the probe's 2 failures 2 s "
+                           "apart, then the pod's 30 s grace period")
+
+
 def test_scaled_2_4_1_then_suspended_and_resumed(bed):
     f = Fault(bed, "fault-scale", "rolloutWorkers.replicas 2 -> 4 -> 1 while training; suspend, resume "
               "(then 1 -> 4 for the rest)",
@@ -622,8 +674,7 @@ def test_scaled_2_4_1_then_suspended_and_resumed(bed):
     bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     wait_until(lambda: f.obs.samples[-1].phase == "Suspended" and not bed.cluster.list(
         "pods", NS, label_selector="kuberl.dev/job-name=fault-scale"), 120, 0.2, "Suspended, with no pod left")
-    wait_until(lambda: not [n for n, _, _ in bed_objects(bed) if "_fault-scale-" in n], 60, 0.2,
-               "no container left while suspended")
+    wait_until(lambda: not running(bed, "fault-scale"), 60, 0.2, "no container running while suspended")
     # No pod left: every row in metrics.jsonl is the suspended learner's.
     last_old = json.loads((f.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["iteration"]
     bed.kubectl("patch", "rltj", "fault-scale", "-n", NS, "--type=merge", "-p", '{"spec": {"suspend": false}}')
@@ -645,11 +696,12 @@ def test_learner_pod_deleted_checkpoints_and_exits_within_its_grace_period(bed):
     f = Fault(bed, "fault-sigterm", "learner: kubectl delete its pod (SIGTERM)")
     f.wait_checkpoint(1)
     f.wait_training()
-    uid = bed.cluster.get("pods", "fault-sigterm-learner", NS)["metadata"]["uid"]
-    grace = bed.agent.pods[uid].grace
+    pod = bed.cluster.get("pods", "fault-sigterm-learner", NS)
+    uid, grace = pod["metadata"]["uid"], pod["spec"]["terminationGracePeriodSeconds"]
     f.mark()
     bed.kubectl("delete", "pod", "fault-sigterm-learner", "-n", NS, "--wait=false")
-    wait_until(lambda: uid not in bed.agent.pods, grace + 30, 0.2, "the deleted learner's containers stopped")
+    wait_until(lambda: not [c for c in bed.node.containers.list() if c.pod_uid == uid and c.running], grace + 30, 0.2,
+               "the deleted learner's containers stopped")
     gone_in = time.monotonic() - f.fault_at
     # The old learner has exited and its pod is gone, so its replacement (same name) cannot have started:
     # every row in metrics.jsonl now is the old learner's.
@@ -670,7 +722,7 @@ def test_corrupt_newest_checkpoint_when_the_learner_restarts(bed):
     # The operator is stopped so that nothing restarts the learner before its newest checkpoint is spoilt.
     bed.stop_operator()
     f.mark()
-    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-corrupt-learner", "learner"))
+    kill(bed, "fault-corrupt-learner", "learner")
     wait_until(lambda: (bed.cluster.get("pods", "fault-corrupt-learner", NS).get("status") or {}).get("phase")
                == "Failed", 60, 0.2, "the learner pod Failed")
     *_, previous, newest = checkpoints(f.run_dir)
@@ -697,7 +749,7 @@ def test_node_drained_evicts_the_jobs_pods_one_at_a_time_and_the_job_completes(b
               **{"stopping.maxEnvSteps": 200_000, "backoffLimit": 0})
     f.wait_checkpoint(1)
     f.wait_training()
-    node = bed.agent.node_name
+    node = bed.node.node_name
     before = dict(f.obs.samples[-1].pods)
     assert bed.cluster.get("poddisruptionbudgets", "fault-drain-disruptions", NS)["status"]["disruptionsAllowed"] == 1
     drained: dict[str, Any] = {}
@@ -795,7 +847,7 @@ def test_learner_killed_with_its_disk_lost_resumes_from_object_storage(bed, stor
     f.wait_training()
     bed.stop_operator()  # nothing restarts the learner before its disk is emptied
     f.mark()
-    bed.agent.podman("kill", "--signal", "KILL", container(bed, "fault-s3-learner", "learner"))
+    kill(bed, "fault-s3-learner", "learner")
     wait_until(lambda: (bed.cluster.get("pods", "fault-s3-learner", NS).get("status") or {}).get("phase")
                == "Failed", 60, 0.2, "the learner pod Failed")
     newest = committed_in(store, "fault-s3")[-1]

@@ -1,5 +1,5 @@
 """The suite's own scheduler (tests/conftest.py, `pytest -n`): whole modules per worker, one end-to-end bed
-while other tests are queued, a second once only beds are left, and never a third. Driven the way xdist
+while other tests are queued, a second once only beds are left, never a third, and one real node at a time. Driven the way xdist
 drives it (collection, schedule, a report per finished test), with workers that record what they are sent."""
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ class Worker:
         return self.name
 
 
-def scheduler(workers: list[Worker]):
+def scheduler(workers: list[Worker], collection: list[str] = COLLECTION):
     config = SimpleNamespace(getvalue=lambda name: [f"{len(workers)}*popen"] if name == "tx" else None,
                              option=SimpleNamespace(loadscopereorder=False))
     sched = conftest.pytest_xdist_make_scheduler(config, None)
     for worker in workers:
         sched.add_node(worker)
-        sched.add_node_collection(worker, COLLECTION)
+        sched.add_node_collection(worker, collection)
     sched.schedule()
     return sched
 
@@ -50,10 +50,10 @@ def running_beds(sched) -> dict[str, list[str]]:
             for w, units in sched.assigned_work.items()}
 
 
-def finish_module(sched, worker: Worker, module: str) -> None:
-    for nodeid in [n for n in COLLECTION if n.startswith(module + "::")]:
+def finish_module(sched, worker: Worker, module: str, collection: list[str] = COLLECTION) -> None:
+    for nodeid in [n for n in collection if n.startswith(module + "::")]:
         if not sched.assigned_work[worker][module][nodeid]:
-            sched.mark_test_complete(worker, COLLECTION.index(nodeid))
+            sched.mark_test_complete(worker, collection.index(nodeid))
 
 
 def bed_workers(sched) -> set[str]:
@@ -91,3 +91,29 @@ def test_beds_wait_while_other_tests_are_queued():
     finish_module(sched, workers[1], "tests/integration/test_a.py")
     # tests/unit/test_b.py was still queued: b took it, not a bed.
     assert "tests/unit/test_b.py" in sched.assigned_work[workers[1]] and bed_workers(sched) == {"a"}
+
+
+
+def test_never_two_real_nodes_at_once():
+    """Two modules on the real node never run at once (one node per machine), though a bed of another kind
+    may run beside one; every module still runs. Workers finish their modules in turn until none is left."""
+    real = ["tests/e2e/test_e2e_faults.py", "tests/e2e/test_real_node.py"]
+    assert all(conftest.on_real_node(m) for m in real) and not conftest.on_real_node("tests/e2e/test_e2e_cluster.py")
+    modules = {real[0]: 2, "tests/e2e/test_e2e_cluster.py": 1, real[1]: 1, "tests/integration/test_a.py": 2,
+               "tests/unit/test_b.py": 2}
+    collection = [f"{module}::test_{i}" for module, n in modules.items() for i in range(n)]
+    workers = [Worker("a"), Worker("b"), Worker("c")]
+    sched = scheduler(workers, collection)
+
+    def unfinished(worker: Worker) -> list[str]:
+        return [scope for scope, done in sched.assigned_work.get(worker, {}).items() if not all(done.values())]
+
+    seen_real_beside_real = []
+    while any(unfinished(w) for w in workers):
+        holders = [w for w in workers if any(conftest.on_real_node(s) for s in unfinished(w))]
+        seen_real_beside_real.append(len(holders) > 1)
+        worker = next(w for w in workers if unfinished(w))
+        workers.append(workers.pop(workers.index(worker)))  # the next turn is another worker's
+        finish_module(sched, worker, unfinished(worker)[0], collection)
+    assert not any(seen_real_beside_real)
+    assert not sched.workqueue and {s for units in sched.assigned_work.values() for s in units} == set(modules)
