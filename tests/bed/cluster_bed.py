@@ -405,7 +405,10 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         return done.stdout
 
     def bed_containers(self, running_only: bool = True) -> list[str]:
-        """Names of this bed's pod containers (the gateway holder excluded)."""
+        """Names of this bed's pod containers (k8s_<container>_<pod>_<namespace>_...; the gateway holder
+        excluded). On the real node, one that exited is listed until the kubelet removes it."""
+        if self.real_node:
+            return [c.name for c in self.node.containers.list() if c.running or not running_only]
         args = ["ps", "--format", "{{.Names}}", "--filter", f"label={BED_LABEL}={self.id}"]
         if not running_only:
             args.append("--all")

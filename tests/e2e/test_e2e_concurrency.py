@@ -1,11 +1,10 @@
 """
-Many jobs at once. Three real jobs train side by side on the one-node bed (tests/bed/cluster_bed.py, every
-pod a podman container) and each ends with its own status, metrics and checkpoints, nothing crossed
+Many jobs at once. Three real jobs train side by side on the one-node bed (tests/bed/cluster_bed.py, its
+node a real kubelet with containerd) and each ends with its own status, metrics and checkpoints, nothing crossed
 over; twenty jobs on the real API server alone (kopf for real, the test as the kubelet, as in
 test_operator_integration.py) reconcile with no error and exactly one of each pod.
 
-Modes: podman containers run by the node agent on the bed's own real control plane, the operator from its
-chart (the three jobs); kopf against the session's real control plane, no containers (the twenty).
+Modes: the real node under the bed's own real control plane, the operator from its chart (the three jobs); kopf against the session's real control plane, no containers (the twenty).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ NS = "ml-many"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    with bed_for_tests(tmp_path_factory.mktemp("many"), namespaces=(NS,)) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("many"), namespaces=(NS,), real_node=True) as running:
         yield running
 
 
@@ -37,7 +36,12 @@ def small_job(name: str, max_env_steps: int) -> list[dict]:
     job = yaml.safe_load((REPO / "examples" / "cartpole-ppo.yaml").read_text())
     job["metadata"] = {"name": name, "namespace": NS}
     spec = job["spec"]
-    spec["rolloutWorkers"] = {"replicas": 1, "envsPerWorker": 8}
+    # Requests that fit three jobs on the real node's two cores beside the operator (each job's defaults
+    # alone, 2.5 CPU, would not).
+    spec["rolloutWorkers"] = {"replicas": 1, "envsPerWorker": 8, "resources": {
+        "requests": {"cpu": "150m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}}
+    spec["learner"] = {"resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
+    spec["head"] = {"resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}}
     spec["stopping"] = {"targetReturn": 10_000, "returnWindow": 100, "maxEnvSteps": max_env_steps}
     spec["checkpointing"] = {"intervalSeconds": 5, "keepLast": 2, "volume": {"claimName": f"{name}-checkpoints"}}
     spec["evaluation"] = {"episodes": 5}
@@ -87,7 +91,7 @@ def test_three_real_jobs_at_once_each_with_its_own_status_metrics_and_checkpoint
         status = bed.cluster.get("rltj", name, NS)["status"]
         assert status["phase"] == "Succeeded" and status["learnerRestarts"] == 0, (
                 status, [(e.get("reason"), e.get("message")) for e in bed.cluster.events(NS, name)])
-        run_dir = bed.agent.claim_dir(NS, f"{name}-checkpoints")
+        run_dir = bed.node.claim_dir(NS, f"{name}-checkpoints")
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         # Its own learner's counters in its status, and on its own claim.
         assert status["progress"]["envSteps"] == rows[-1]["env_steps"], (name, status["progress"], rows[-1])
