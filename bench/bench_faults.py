@@ -1,8 +1,8 @@
-"""The fault matrix on real containers, as a table: fault, recovered, seconds to recover, env steps lost,
+"""The fault matrix on the real node, as a table: fault, recovered, seconds to recover, env steps lost,
 orphans (bench/results/faults.json).
 
 It runs tests/e2e/test_e2e_faults.py (the same code as CI: every fault on a job mid-training on the
-one-node bed of tests/bed/cluster_bed.py), which writes one row per fault when KUBERL_FAULTS_RESULTS
+one-node bed of tests/bed/cluster_bed.py, its node a real kubelet with containerd), which writes one row per fault when KUBERL_FAULTS_RESULTS
 names a file. A fault whose test fails has no row; the test's output says why.
 
     .venv/bin/python bench/bench_faults.py          # -> bench/results/faults.json, and the table
