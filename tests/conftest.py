@@ -29,8 +29,10 @@ LAYERS = ("unit", "integration", "e2e")
 #: The order a run starts the layers in: with workers (`pytest -n`, as ./scripts/test runs), the longest
 #: units of work first, so none of them is left to run alone at the end.
 START_ORDER = ("e2e", "integration", "unit")
-#: The longest modules (measured: bench/results/ci.json), started before the rest of their layer.
-LONGEST_FIRST = ("test_e2e_cluster", "test_e2e_faults", "test_e2e_concurrency", "test_e2e_kueue")
+#: The longest chains first (measured: bench/results/ci.json), before the rest of their layer: the modules
+#: on the real node run one after another (REAL_NODE_MODULES), so their chain, the faults module first, is
+#: the run's longest; the node agent's cluster module runs beside it.
+LONGEST_FIRST = ("test_e2e_faults", "test_e2e_cluster", "test_real_node", "test_e2e_concurrency", "test_e2e_kueue")
 
 
 def _start_key(item: pytest.Item) -> tuple[int, int]:

@@ -1,10 +1,11 @@
 """
 Many jobs at once. Three real jobs train side by side on the one-node bed (tests/bed/cluster_bed.py, its
-node a real kubelet with containerd) and each ends with its own status, metrics and checkpoints, nothing crossed
-over; twenty jobs on the real API server alone (kopf for real, the test as the kubelet, as in
+node a real kubelet with containerd) and each ends with its own status, metrics and checkpoints, nothing
+crossed over; twenty jobs on the real API server alone (kopf for real, the test as the kubelet, as in
 test_operator_integration.py) reconcile with no error and exactly one of each pod.
 
-Modes: the real node under the bed's own real control plane, the operator from its chart (the three jobs); kopf against the session's real control plane, no containers (the twenty).
+Modes: the real node under the bed's own real control plane, the operator from its chart (the three
+jobs); kopf against the session's real control plane, no containers (the twenty).
 """
 
 from __future__ import annotations

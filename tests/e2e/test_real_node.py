@@ -6,7 +6,8 @@ did is checked here as a user meets it on a real cluster: a job's Ray pods findi
 names CoreDNS serves and through the job's own NetworkPolicies, the operator (a pod on the node, reaching
 the API server through the `kubernetes` Service) and Prometheus reading the learner's metrics, a Service
 whose port differs from its pods', the search domains the kubelet writes into a pod's resolv.conf, and a
-pod of another namespace, or of no job, refused at the Ray ports.
+pod of another namespace, or of no job, refused at the Ray ports; and the probes the operator gives a
+served policy, as the kubelet runs them.
 
 Mode: containers under containerd, driven by a real kubelet.
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import urllib.request
@@ -257,3 +260,47 @@ def test_a_job_whose_image_the_registry_lacks_fails_at_its_startup_deadline(bed)
                                   namespace=NS, timeout=120)["status"]
     assert status["reason"] == "StartupDeadlineExceeded" and "ImagePull" in status["message"], status
     bed.kubectl("delete", "rltj", "no-image", "-n", NS, "--wait=true", "--timeout=120s")
+
+
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def serving_container(bed: OneNodeCluster, pod: str) -> dict:
+    return ((bed.cluster.get("pods", pod, NS) or {}).get("status") or {}).get("containerStatuses", [{}])[0]
+
+
+def test_serving_starts_behind_its_startup_probe_and_a_hung_server_is_restarted_by_its_liveness_probe(bed):
+    """spec.serving's Deployment with the probes the operator gives it: its pod is started once the startup
+    probe (/v2/health/live, every 2 s) passes, then Ready (/v2/health/ready). Its server stopped (SIGSTOP: a
+    hung process), the liveness probe fails three times 10 s apart; the kubelet kills the container once its
+    grace period is over and starts it again, behind the startup probe, and the policy answers again."""
+    job = cartpole("served", 20_000)
+    job["spec"]["checkpointing"] = {"intervalSeconds": 30, "keepLast": 2, "volume": {"claimName": "served-checkpoints"}}
+    job["spec"]["serving"] = {"replicas": 1, "resources": {"requests": {"cpu": "250m", "memory": "512Mi"},
+                                                           "limits": {"memory": "2Gi"}}}
+    apply(bed, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "served-checkpoints", "namespace": NS},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}, job)
+    bed.wait_complete(NS, "served", 300)
+    (pod,) = bed.deployment_pods(NS, "served-serving", timeout=120)
+    ip = bed.wait_pod_ready(NS, pod, 180)["status"]["podIP"]
+    first = serving_container(bed, pod)
+    assert first["started"] and first["restartCount"] == 0, first
+    observation = {"observation": [0.0, 0.0, 0.15, 1.0]}
+    assert post_json(f"http://{ip}:8000/act", observation)["action"] in (0, 1)
+
+    os.kill(bed.node.containers.pid(first["containerID"].split("://", 1)[1]), signal.SIGSTOP)
+    again = wait_until(lambda: (c := serving_container(bed, pod)).get("restartCount", 0) >= 1 and c.get("ready")
+                       and c, 240, 0.5, "the hung server restarted and Ready again")
+    # Once: the new server was not killed again while it started (the startup probe holds liveness off).
+    assert again["restartCount"] == 1 and again["started"], again
+    said = [(e["reason"], e.get("message", "")) for e in pod_events(bed, pod)]
+    assert any(r == "Unhealthy" and "Liveness probe failed" in m for r, m in said), said
+    assert any(r == "Killing" and "failed liveness probe" in m for r, m in said), said
+    assert post_json(f"http://{ip}:8000/act", observation)["action"] in (0, 1)
+    bed.kubectl("delete", "rltj", "served", "-n", NS, "--wait=true", "--timeout=120s")
+    wait_until(lambda: not bed.cluster.get("deployments", "served-serving", NS), 120, 0.5,
+               "the serving Deployment gone")

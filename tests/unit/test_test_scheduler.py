@@ -1,6 +1,7 @@
 """The suite's own scheduler (tests/conftest.py, `pytest -n`): whole modules per worker, one end-to-end bed
-while other tests are queued, a second once only beds are left, never a third, and one real node at a time. Driven the way xdist
-drives it (collection, schedule, a report per finished test), with workers that record what they are sent."""
+while other tests are queued, a second once only beds are left, never a third, one real node at a time.
+Driven the way xdist drives it (collection, schedule, a report per finished test), with workers that record
+what they are sent."""
 
 from __future__ import annotations
 
