@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import conftest
 
+#: Beds of the node agent's kind (none in conftest.REAL_NODE_MODULES): the rules on how many beds at once.
 MODULES = {
-    "tests/e2e/test_e2e_cluster.py": 3, "tests/e2e/test_e2e_faults.py": 2, "tests/e2e/test_e2e_kueue.py": 1,
-    "tests/e2e/test_e2e_concurrency.py": 2,
+    "tests/e2e/test_e2e_cluster.py": 3, "tests/e2e/test_bed_two.py": 2, "tests/e2e/test_bed_three.py": 1,
+    "tests/e2e/test_bed_four.py": 2,
     "tests/integration/test_a.py": 4, "tests/unit/test_b.py": 4,
 }
 COLLECTION = [f"{module}::test_{i}" for module, n in MODULES.items() for i in range(n)]
@@ -71,17 +72,17 @@ def test_one_bed_while_other_tests_are_queued_then_a_second_and_never_a_third():
     # b's module ends while c's runs: only beds are queued and one runs, so b takes the rest of them (a
     # worker is sent its next module before its last test ends, so it holds them one after another).
     finish_module(sched, b, "tests/integration/test_a.py")
-    assert running_beds(sched)["b"] == ["tests/e2e/test_e2e_faults.py", "tests/e2e/test_e2e_kueue.py"]
-    assert bed_workers(sched) == {"a", "b"} and list(sched.workqueue) == ["tests/e2e/test_e2e_concurrency.py"]
+    assert running_beds(sched)["b"] == ["tests/e2e/test_bed_two.py", "tests/e2e/test_bed_three.py"]
+    assert bed_workers(sched) == {"a", "b"} and list(sched.workqueue) == ["tests/e2e/test_bed_four.py"]
     # Two workers hold beds: c, done with its module, gets no third bed and stops.
     finish_module(sched, c, "tests/unit/test_b.py")
     assert c.shutting_down and bed_workers(sched) == {"a", "b"}
-    assert list(sched.workqueue) == ["tests/e2e/test_e2e_concurrency.py"]
+    assert list(sched.workqueue) == ["tests/e2e/test_bed_four.py"]
     # The cluster bed ends: a takes the bed still queued, beside b's.
     finish_module(sched, a, "tests/e2e/test_e2e_cluster.py")
-    assert running_beds(sched)["a"] == ["tests/e2e/test_e2e_concurrency.py"] and not sched.workqueue
+    assert running_beds(sched)["a"] == ["tests/e2e/test_bed_four.py"] and not sched.workqueue
     sent_to_b = [COLLECTION[i] for i in b.sent]
-    assert [n for n in sent_to_b if "e2e" in n] == [n for n in COLLECTION if "faults" in n or "kueue" in n]
+    assert [n for n in sent_to_b if "e2e" in n] == [n for n in COLLECTION if "bed_two" in n or "bed_three" in n]
 
 
 def test_beds_wait_while_other_tests_are_queued():
