@@ -167,8 +167,21 @@ class ChartOperator:
     manifests: list[Body]
     operator_deployment: str
 
+    plane: ControlPlane
+    workdir: pathlib.Path
+
     kubectl: Callable[..., subprocess.CompletedProcess[str]]
-    helm: Callable[..., str]
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        """The helm built with the control plane, as the admin."""
+        done = subprocess.run([str(self.plane.bin / "helm"), f"--kubeconfig={self.plane.admin_kubeconfig}", *args],
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, "HELM_CACHE_HOME": str(self.workdir / "helm-cache"),
+                                   "HELM_CONFIG_HOME": str(self.workdir / "helm-config"),
+                                   "HELM_DATA_HOME": str(self.workdir / "helm-data")})
+        if done.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done.stdout
 
     def install_chart(self) -> None:
         """The CRDs applied server-side (as the docs tell users: they are too big for client-side apply) and
@@ -392,17 +405,6 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
     def kubectl(self, *args: str, check: bool = True, timeout: float = 60, input: str | None = None
                 ) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, check=check, timeout=timeout, input=input)
-
-    def helm(self, *args: str, timeout: float = 300) -> str:
-        """The helm built with the control plane, as the admin."""
-        done = subprocess.run([str(self.plane.bin / "helm"), f"--kubeconfig={self.plane.admin_kubeconfig}", *args],
-                              capture_output=True, text=True, timeout=timeout, check=False,
-                              env={**os.environ, "HELM_CACHE_HOME": str(self.workdir / "helm-cache"),
-                                   "HELM_CONFIG_HOME": str(self.workdir / "helm-config"),
-                                   "HELM_DATA_HOME": str(self.workdir / "helm-data")})
-        if done.returncode != 0:
-            raise RuntimeError(f"helm {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
-        return done.stdout
 
     def bed_containers(self, running_only: bool = True) -> list[str]:
         """Names of this bed's pod containers (k8s_<container>_<pod>_<namespace>_...; the gateway holder

@@ -588,6 +588,15 @@ def test_ray_head_killed(bed):
         sorted({s.phase for s in after})
 
 
+def pods_adopted(f: Fault, before: dict[str, str], status: dict[str, Any]) -> None:
+    """The restarted operator adopted the pods it found: none was recreated (no pod of the same name with
+    another uid, no other pod) until the job finished and lost its head and workers; no restart counted."""
+    for sample in f.obs.samples:
+        if sample.t > f.fault_at:
+            assert all(before.get(n) == u for n, u in sample.pods.items()), (before, sample.pods)
+    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, (status, events(f.bed, f.name))
+
+
 def test_operator_stopped_longer_than_a_reconcile_interval(bed):
     # Training must outlast the stop, three intervals, the start and the next scrape: >= 40 s.
     f = Fault(bed, "fault-operator", "operator: stopped for 3 reconcile intervals, then started again",
@@ -607,13 +616,7 @@ def test_operator_stopped_longer_than_a_reconcile_interval(bed):
     started = time.monotonic()
     wait_until(lambda: f.obs.samples[-1].env_steps > frozen, 60, 0.2, "status.progress moving again")
     resumed = round(time.monotonic() - started, 1)
-    status = f.finish()
-    # The restarted operator adopted the pods it found: none was recreated (no pod of the same name with
-    # another uid, no other pod) until the job finished and lost its head and workers.
-    for sample in f.obs.samples:
-        if sample.t > f.fault_at:
-            assert all(before.get(n) == u for n, u in sample.pods.items()), (before, sample.pods)
-    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, (status, events(bed, "fault-operator"))
+    pods_adopted(f, before, f.finish())
     RESULTS[-1]["seconds_to_recover"] = resumed
     RESULTS[-1]["note"] = "seconds from the operator's start to status.progress moving again"
 
@@ -641,11 +644,7 @@ def test_operator_hung_is_restarted_by_its_liveness_probe(bed):
     said = [(e.get("reason"), e.get("message", "")) for e in bed.cluster.events(OPERATOR_NAMESPACE, pod)]
     assert any(r == "Unhealthy" and "Liveness probe failed" in m for r, m in said), said
     assert any(r == "Killing" and "failed liveness probe" in m for r, m in said), said
-    status = f.finish()
-    for sample in f.obs.samples:
-        if sample.t > f.fault_at:
-            assert all(before.get(n) == u for n, u in sample.pods.items()), (before, sample.pods)
-    assert status["learnerRestarts"] == 0 and status["headRestarts"] == 0, (status, events(bed, "fault-hung"))
+    pods_adopted(f, before, f.finish())
     RESULTS[-1]["seconds_to_recover"] = ready
     RESULTS[-1]["note"] = ("seconds from the SIGSTOP to the restarted operator Ready: the probe's 2 failures 2 s "
                            "apart, then the pod's 30 s grace period")
