@@ -442,7 +442,8 @@ def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeClus
     itself saw no error."""
     require_podman_and_images(real_node=bool(options.get("real_node")))
     with OneNodeCluster(workdir, **options) as running:
-        print(f"end-to-end mode: podman containers on network {running.network}")
+        print("end-to-end mode: " + (f"a real node on {running.node.address}" if running.real_node
+                                     else f"podman containers on network {running.network}"))
         yield running
         assert not running.node.errors, running.node.errors
         assert not getattr(running, "log_keeper", running.node).errors, running.log_keeper.errors

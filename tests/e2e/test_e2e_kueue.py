@@ -125,7 +125,10 @@ def small_job(job_name: str, **spec_changes) -> dict:
 
 def test_a_job_whose_gang_fits_is_admitted_by_kueue_which_lifts_every_gate_and_it_trains(bed):
     since = bed.plane.audit_offset()
-    apply(bed, small_job("fits"))
+    # Long enough to be seen Running: the operator marks it so once every pod is Ready, which the kubelet's
+    # readiness probes report seconds after the containers start; a job that reached a low target before
+    # that went from Starting to Succeeded on a loaded machine.
+    apply(bed, small_job("fits", stopping={"targetReturn": 10_000, "maxEnvSteps": 60_000}))
     group = "fits-g0-n3"
     workload = bed.cluster.wait_for("workloads", group, namespace=NS, timeout=120,
                                     predicate=lambda w: condition(w, "Admitted").get("status") == "True")
@@ -141,7 +144,12 @@ def test_a_job_whose_gang_fits_is_admitted_by_kueue_which_lifts_every_gate_and_i
     assert admitted["status"] == "True" and group in admitted["message"], admitted
     # (the operator posts the job's Events after it writes its status)
     wanted = {"Queued", "Starting", "Running", "Succeeded"}
-    wait_until(lambda: wanted <= {e["reason"] for e in bed.cluster.events(NS, "fits")}, 60, 0.2, f"the Events {wanted}")
+    try:
+        wait_until(lambda: wanted <= {e["reason"] for e in bed.cluster.events(NS, "fits")}, 60, 0.2,
+                   f"the Events {wanted}")
+    except AssertionError as missing:
+        seen = [(e["reason"], e.get("message", "")) for e in bed.cluster.events(NS, "fits")]
+        raise AssertionError(f"{missing}; seen: {seen}") from None
     # The pods were created gated, and only Kueue's ServiceAccount changed them after (the operator
     # creates and deletes them, the node writes their status): Kueue took the gate off every one.
     writes = [e for e in bed.plane.audit_events(since)
