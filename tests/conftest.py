@@ -60,7 +60,7 @@ BEDS_WHEN_ONLY_BEDS_LEFT = 2
 
 #: The modules whose bed is a real node (tests/bed/real_node.py): one per machine (the kubelet's device-plugin
 #: directory and the firewall are the machine's), so a worker starts none while another worker runs one.
-REAL_NODE_MODULES = ("test_real_node", "test_e2e_faults", "test_e2e_kueue", "test_e2e_concurrency")
+REAL_NODE_MODULES = ("test_real_node", "test_e2e_faults", "test_e2e_concurrency")
 
 
 def is_end_to_end(nodeid: str) -> bool:

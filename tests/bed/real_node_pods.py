@@ -44,11 +44,13 @@ class Container:
 
     @property
     def name(self) -> str:
-        """The name dockershim gave a pod's container (and podman's kube play does): what a person greps."""
+        """The name dockershim gave a pod's container (the node agent's too): what a person greps for."""
         return f"k8s_{self.container}_{self.pod}_{self.namespace}_{self.pod_uid}"
 
 
 class NodeContainers:
+    """The node's pod containers through `ctr` (a RealNode's, in the CRI plugin's namespace)."""
+
     def __init__(self, ctr: Ctr):
         self._ctr = ctr
         self._labels: dict[str, dict[str, str]] = {}  # a container's labels never change
