@@ -29,9 +29,8 @@ LAYERS = ("unit", "integration", "e2e")
 #: The order a run starts the layers in: with workers (`pytest -n`, as ./scripts/test runs), the longest
 #: units of work first, so none of them is left to run alone at the end.
 START_ORDER = ("e2e", "integration", "unit")
-#: The longest chains first (measured: bench/results/ci.json), before the rest of their layer: the modules
-#: on the real node run one after another (REAL_NODE_MODULES), so their chain, the faults module first, is
-#: the run's longest; the node agent's cluster module runs beside it.
+#: The longest modules first (measured: bench/results/ci.json), before the rest of their layer, so none of
+#: them is left to run alone at the end.
 LONGEST_FIRST = ("test_e2e_faults", "test_e2e_cluster", "test_real_node", "test_e2e_concurrency", "test_e2e_kueue")
 
 
@@ -54,22 +53,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 #: (before Ray's nodes started lean: a Ray head that exited, a gang restarted in a new epoch).
 BEDS_AT_ONCE = 1
 #: Once only end-to-end modules are queued, a second bed: otherwise the run's last part is one bed's chain
-#: with a core to spare (bench/results/ci.json: for the last quarter of a warm run only one bed ran).
+#: with a core to spare (bench/results/ci.json: for the last quarter of a warm run only one bed ran). Never
+#: more than a machine's real node slots (tests/bed/real_node_config.py, NODE_SLOTS): a bed waits for one.
 BEDS_WHEN_ONLY_BEDS_LEFT = 2
-
-
-#: The modules whose bed is a real node (tests/bed/real_node.py): one per machine (the kubelet's device-plugin
-#: directory and the firewall are the machine's), so a worker starts none while another worker runs one.
-REAL_NODE_MODULES = ("test_real_node", "test_e2e_faults", "test_e2e_concurrency")
 
 
 def is_end_to_end(nodeid: str) -> bool:
     return nodeid.startswith("tests/e2e/")
-
-
-def on_real_node(nodeid: str) -> bool:
-    return is_end_to_end(nodeid) and nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py") in \
-        REAL_NODE_MODULES
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without workers (`-p no:xdist`) has no such hook
@@ -77,7 +67,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Workers (`pytest -n N`, as ./scripts/test runs) take whole test modules, so a module's fixtures (a
     training run several tests read, a cluster bed) are made once and two of its tests never race for its
     namespace or files. The queue is in collection order (end-to-end modules first), but a worker skips an
-    end-to-end module while a bed runs elsewhere, and a real node's module while another one runs."""
+    end-to-end module while the beds allowed at once run elsewhere."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
@@ -89,12 +79,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             # last test ends): a worker holding any holds a bed.
             beds = [[scope for scope, done in units.items() if is_end_to_end(scope) and not all(done.values())]
                     for other, units in self.assigned_work.items() if other is not node]
-            running = [scope for held in beds for scope in held]
             others_queued = any(not is_end_to_end(scope) for scope in self.workqueue)
             beds_free = sum(1 for held in beds if held) < (BEDS_AT_ONCE if others_queued else BEDS_WHEN_ONLY_BEDS_LEFT)
-            real_node_free = not any(on_real_node(scope) for scope in running)
-            first = next((scope for scope in self.workqueue if not is_end_to_end(scope) or (
-                beds_free and (real_node_free or not on_real_node(scope)))), None)
+            first = next((scope for scope in self.workqueue if not is_end_to_end(scope) or beds_free), None)
             if first is None:
                 # Only beds are left and none may start now: this worker is done, the others take the rest.
                 node.shutdown()

@@ -43,7 +43,7 @@ from .prometheus import BedPrometheus
 from .real_cluster import ApiError, Objects, Rest
 from .real_node import RealNode
 from .real_node_pods import LogKeeper
-from .registry import Registry
+from .registry import Registry, store_lock
 
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
@@ -56,8 +56,8 @@ REGISTRY_STORE = CACHE_DIR / "node-registry"
 
 def push_images(registry: str) -> None:
     """`scripts/build-images --push`: each image the registry does not hold yet, pushed (one at a time on
-    this machine, as the builds are)."""
-    with file_lock(REPO / ".cache" / "build-images.lock"):
+    this machine, as the builds are, and never beside a garbage collection of the bed's store)."""
+    with file_lock(REPO / ".cache" / "build-images.lock"), store_lock(REGISTRY_STORE):
         result = subprocess.run([str(REPO / "scripts" / "build-images"), "--push", registry], cwd=REPO,
                                 capture_output=True, text=True, timeout=3600, check=False)
     if result.returncode != 0:
@@ -335,19 +335,19 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
             self.wait_operator_ready()
 
     def _start_real_node(self) -> None:
-        """The control plane on the real node's bridge address, and the node (`real_node.RealNode`), which
-        stops before the control plane does: its pods are deleted through the API server first."""
-        self.gateway = RealNode.address
+        """The node's network first (`real_node.RealNode.prepare`: a node slot of this machine), the control
+        plane on the host's end of its link, where the pods reach the host, then the node, which stops before
+        the control plane does: its pods are deleted through the API server first."""
+        self.node = RealNode(self.workdir / "node")
+        self._stack.callback(self.node.stop)
+        self.gateway = self.node.prepare()
         self.plane = ControlPlane(self.workdir / "control-plane", address=self.gateway,
                                   kubelet_address_types=("InternalIP",), publish_endpoint=True)
         self.plane.work.mkdir(parents=True, exist_ok=True)
         self._stack.callback(self.plane.stop)
-        self.node = RealNode(self.workdir / "node")
-        self._stack.callback(self.node.stop)
-        self.node.prepare()  # the machine's one real node: what follows shares its stores
         # The images reach the node as on an air-gapped cluster: pushed to a registry (its blobs kept between
         # runs), which the node's containerd mirrors ghcr.io to.
-        self.registry = Registry(REGISTRY_STORE, self.workdir / "registry").start()
+        self.registry = Registry(REGISTRY_STORE, self.workdir / "registry", host=self.gateway).start()
         self._stack.callback(self.registry.stop)
         t0 = time.monotonic()
         push_images(self.registry.address)

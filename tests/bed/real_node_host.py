@@ -1,11 +1,12 @@
 """
-What a real node (`real_node.RealNode`) changes on the machine it runs on, and how it is put back: the
-pods' bridge, the kubelet's cgroup root, the sysctls the kubelet sets, the firewall chains kube-proxy,
-kube-router, the kubelet and the CNI plugins install, mounts under the node's directories, and its
-processes (containerd's shims outlive containerd: they are found by the socket they were started for).
+What a real node (`real_node.RealNode`) changes on the machine it runs on, and how it is put back: its
+network namespace (with the pods' bridge and every firewall rule kube-proxy, kube-router, the kubelet and
+the CNI plugins install: they go with it) and the link and route to it, the kubelet's cgroup root, the
+sysctls the kubelet sets, mounts under the node's directories, and its processes (containerd's shims
+outlive containerd: they are found by the socket they were started for).
 
-A record in the image store (`host-state.json`) names the processes, directories and sysctl values of
-the node running now, so the next node cleans up after one whose test process was killed.
+A record in the node slot's image store (`host-state.json`) names the processes, directories and sysctl
+values of the node running now, so the slot's next node cleans up after one whose test process was killed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .common import start_process
-from .real_node_config import BRIDGE, CGROUP_ROOT, CNI_NETWORK, GATEWAY, POD_SUBNET, NodeLayout
+from .real_node_config import BRIDGE, SERVICE_SUBNET, NodeLayout, NodeNetwork
 
 if TYPE_CHECKING:
     from .real_node import RealNode
@@ -40,8 +41,10 @@ class NodeProcesses:
         self._work, self._host = work, host
 
     def _spawn(self, name: str, argv: Sequence[str | Path], env: dict[str, str] | None = None) -> None:
-        self.processes[name] = start_process(argv, self._work / f"{name}.log", cwd=self._work, env=env)
-        self._host.remember_process(name, self.processes[name].pid)
+        """`argv` run in the node's network namespace (nsenter execs it: the pid stays the process's)."""
+        self.processes[name] = start_process([*self._host.layout.network.enter, *argv], self._work / f"{name}.log",
+                                             cwd=self._work, env=env)
+        self._host.remember_process(name, self.processes[name].pid, os.path.realpath(argv[0]))
 
     def _check_alive(self) -> None:
         for name, process in self.processes.items():
@@ -51,7 +54,11 @@ class NodeProcesses:
 
 
 def _run(*argv: str | Path, check: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120, check=check)
+    """A command of the node's admin; one that fails with `check` says what it printed."""
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({done.returncode}): {done.stderr.strip()}")
+    return done
 
 
 class HostState:
@@ -71,12 +78,12 @@ class HostState:
         state = {**self._read(), **changes}
         self.record.write_text(json.dumps(state, indent=1))
 
-    def remember_process(self, name: str, pid: int) -> None:
+    def remember_process(self, name: str, pid: int, exe: str) -> None:
         """A process of this node, by pid and executable (a later run kills a pid only while it still runs
         that executable: pids are reused)."""
         state = self._read()
         self._write(work=str(self.layout.work), node_bin=str(self.layout.node_bin),
-                    processes={**state.get("processes", {}), name: [pid, os.readlink(f"/proc/{pid}/exe")]})
+                    processes={**state.get("processes", {}), name: [pid, exe]})
 
     def record_sysctls(self) -> None:
         self._write(sysctls={k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS})
@@ -88,26 +95,19 @@ class HostState:
 
     # ---- making --------------------------------------------------------------------------------------
 
-    def make_bridge(self) -> None:
-        """The pods' bridge with the node's address, before anything listens there (the CNI bridge plugin
-        then attaches pods to it as it finds it)."""
-        _run("ip", "link", "add", BRIDGE, "type", "bridge", check=True)
-        _run("ip", "addr", "add", f"{GATEWAY}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE, check=True)
-        _run("ip", "link", "set", BRIDGE, "up", check=True)
-
     def make_cgroup_root(self) -> None:
         """The kubelet's cgroupRoot in every v1 hierarchy; cpuset needs its cpus and mems before any child."""
         for hierarchy in CGROUP_V1.iterdir():
             if not hierarchy.is_dir() or hierarchy.name == "unified" or hierarchy.is_symlink():
                 continue
-            root = hierarchy / CGROUP_ROOT.lstrip("/")
+            root = hierarchy / self.layout.network.cgroup_root.lstrip("/")
             root.mkdir(exist_ok=True)
             for name in ("cpuset.cpus", "cpuset.mems"):
                 if (hierarchy / name).exists():
                     (root / name).write_text((hierarchy / name).read_text())
 
     def firewall_installed(self) -> bool:
-        return _run("iptables", "-w", "-S", "KUBE-ROUTER-FORWARD").returncode == 0
+        return _run(*self.layout.network.enter, "iptables", "-w", "-S", "KUBE-ROUTER-FORWARD").returncode == 0
 
     # ---- putting back --------------------------------------------------------------------------------
 
@@ -129,8 +129,10 @@ class HostState:
                     _kill(pid)
         self._kill_shims(work)
         self._unmount(work)
-        self._clean_firewall()
-        _run("ip", "link", "del", BRIDGE)
+        # The namespace goes with its bridge, its end of the link and every firewall rule in it; the host's
+        # end of the link (and its route) with the other end.
+        _run("ip", "netns", "del", self.layout.network.netns)
+        _run("ip", "link", "del", self.layout.network.host_link)
         self._remove_cgroup_root()
         self._remove_kubelet_paths(work)
         self.restore_sysctls()
@@ -156,31 +158,9 @@ class HostState:
         for mount in sorted((m for m in mounts if m.startswith(roots)), key=len, reverse=True):
             _run("umount", "-l", mount)
 
-    def _clean_firewall(self) -> None:
-        """Every chain named KUBE-* (kube-proxy's, kube-router's, the kubelet's: nothing else on the machine
-        uses the prefix) with the rules that jump to it, in both families; kube-router's ipsets; and the CNI
-        bridge plugin's masquerade rules of any sandbox not torn down through CNI. By hand, not by each
-        tool's own clean-up: kube-router v2.1.0's `--cleanup-config` leaves its chains in place here and
-        then crashes on the missing IPVS."""
-        for tool in ("iptables", "ip6tables"):
-            for table in ("filter", "nat", "mangle"):
-                _remove_chains(tool, table, "KUBE-")
-        for ipset in _run("ipset", "list", "-n").stdout.split():
-            if ipset.startswith(("KUBE-", "kube-router")):
-                _run("ipset", "destroy", ipset)
-        chain_comment = f'name: \\"{CNI_NETWORK}\\"'
-        nat = _run("iptables-save", "-t", "nat").stdout.splitlines()
-        sandboxes = {line.split()[1] for line in nat if line.startswith("-A CNI-") and chain_comment in line}
-        for line in nat:
-            if line.startswith("-A POSTROUTING") and chain_comment in line:
-                _run("sh", "-c", f"iptables -w -t nat {line.replace('-A ', '-D ', 1)}")
-        for verb in ("-F", "-X"):
-            for chain in sandboxes:
-                _run("iptables", "-w", "-t", "nat", verb, chain)
-
     def _remove_cgroup_root(self) -> None:
         for hierarchy in CGROUP_V1.iterdir():
-            root = hierarchy / CGROUP_ROOT.lstrip("/")
+            root = hierarchy / self.layout.network.cgroup_root.lstrip("/")
             if root.is_dir():
                 for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
                                         reverse=True):
@@ -205,18 +185,30 @@ class HostState:
                 directory.rmdir()
 
 
-def _remove_chains(tool: str, table: str, prefix: str) -> None:
-    """The chains of `table` named `prefix`*, after every rule of another chain that jumps to one."""
-    rules = _run(tool, "-w", "-t", table, "-S").stdout.splitlines()
-    chains = [line.split()[1] for line in rules if line.startswith("-N ") and line.split()[1].startswith(prefix)]
-    for line in rules:
-        parts = line.split()
-        if parts[:1] == ["-A"] and not parts[1].startswith(prefix) and "-j" in parts \
-                and parts[parts.index("-j") + 1].startswith(prefix):
-            _run("sh", "-c", f"{tool} -w -t {table} {line.replace('-A ', '-D ', 1)}")
-    for verb in ("-F", "-X"):
-        for chain in chains:
-            _run(tool, "-w", "-t", table, verb, chain)
+def make_node_network(net: NodeNetwork) -> None:
+    """The node's network namespace, its link to the host (the host's end the address the API server
+    listens on, the host's route to the pods through it), and the pods' bridge with the node's address,
+    before anything listens there (the CNI bridge plugin then attaches pods to it as it finds it)."""
+    node = net.enter
+    _run("ip", "netns", "add", net.netns, check=True)
+    _run("ip", "link", "add", net.host_link, "type", "veth", "peer", "name", net.node_link, "netns", net.netns,
+         check=True)
+    _run("ip", "addr", "add", f"{net.host_address}/30", "dev", net.host_link, check=True)
+    _run("ip", "link", "set", net.host_link, "up", check=True)
+    _run(*node, "ip", "link", "set", "lo", "up", check=True)
+    _run(*node, "ip", "addr", "add", f"{net.link_address}/30", "dev", net.node_link, check=True)
+    _run(*node, "ip", "link", "set", net.node_link, "up", check=True)
+    # No default route: this machine reaches nothing beyond itself, and a packet routed through the
+    # host would wait for an answer that never comes (containerd resolving ghcr.io, the server of record
+    # behind the mirror, took 50 s to give up so). Only the Service range goes through the host, so
+    # that a connection of the node's own to a ClusterIP has a route before kube-proxy rewrites it.
+    _run(*node, "ip", "route", "add", SERVICE_SUBNET, "via", net.host_address, check=True)
+    _run(*node, "ip", "link", "add", BRIDGE, "type", "bridge", check=True)
+    _run(*node, "ip", "addr", "add", f"{net.gateway}/{net.pod_subnet.split('/')[1]}", "dev", BRIDGE, check=True)
+    _run(*node, "ip", "link", "set", BRIDGE, "up", check=True)
+    # A node forwards its pods' traffic (a new namespace's default is the kernel's, not the host's).
+    _run(*node, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1", check=True)
+    _run("ip", "route", "add", net.pod_subnet, "via", net.link_address, check=True)
 
 
 def _kill(pid: int) -> None:
@@ -230,4 +222,4 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-__all__ = ["HostState", "NodeProcesses"]
+__all__ = ["HostState", "NodeProcesses", "make_node_network"]

@@ -7,6 +7,7 @@ files the kubelet writes.
   namespace, name and uid (the labels the CRI plugin puts on it) and whether its task runs. A container
   that exited stays listed until the kubelet removes it (at once for a pod deleted, else its garbage
   collection), so "left over" means running.
+- `NodeContainers.spec()`: the OCI runtime spec a container runs under (user, env, mounts, root).
 - `NodeContainers.kill()`: a signal to a container's task, as a crash or an OOM kill would end it.
 - `LogKeeper`: the kubelet deletes a pod's logs with the pod, and a fault test quotes the logs of a learner
   whose pod is gone; the keeper hard-links each log file as it appears (the link keeps every line the
@@ -76,6 +77,12 @@ class NodeContainers:
                 return None  # removed since the listing
             self._labels[cid] = info.get("Labels") or {}
         return self._labels[cid]
+
+    def spec(self, name: str) -> dict:
+        """The OCI runtime spec containerd made for the container `name` (see `Container.name`): its process
+        (user, env, capabilities), root file system and mounts, as runc ran it."""
+        found = next(c for c in self.list() if c.name == name)
+        return json.loads(self._ctr("containers", "info", found.id, timeout=30).stdout)["Spec"]
 
     def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
         self._ctr("tasks", "kill", "--signal", signal, container_id, timeout=30)

@@ -1,16 +1,21 @@
 """
 The cluster path, executed: the real images, the operator from its image, every pod a real container.
 
-One bed per module (tests/bed/cluster_bed.py): the real control plane, a node agent running the pods the
-scheduler binds to it as podman containers on the bed's own network, the chart installed with helm (the
-operator runs as its Deployment, with its ServiceAccount's token), and Debian's Prometheus discovering
-pods by their annotations. Each
-test then acts as a user with kubectl only, and checks what the user would: columns in
-`kubectl get rltj`, `kubectl wait`, `kubectl logs`, status figures, the checkpoint claim, every
-dashboard panel, and that `kubectl delete` leaves no container behind.
+One bed per module (tests/bed/cluster_bed.py): the real control plane, a real node (a kubelet with
+containerd, kube-proxy, CoreDNS and kube-router enforcing the jobs' NetworkPolicies: tests/bed/real_node.py),
+the chart installed with helm (the operator runs as its Deployment, with its ServiceAccount's token), and
+Debian's Prometheus discovering pods by their annotations. Each test then acts as a user with kubectl
+only, and checks what the user would: columns in `kubectl get rltj`, `kubectl wait`, `kubectl logs`,
+`kubectl exec`, status figures, the checkpoint claim, every dashboard panel, and that `kubectl delete`
+leaves no container behind; what only the node shows (a container's user, mounts and environment) is read
+from containerd as a node's admin would.
 
-Mode: podman containers (this file has no local-process mode; the operator/kubelet tests without
-containers are in test_operator_integration.py).
+The node has this machine's two cores, and the scheduler places pods by their requests: every job asks
+for a few hundred millicores a pod (`SMALL`), as a user on a 2-core node must (the examples' defaults, a
+CPU for the learner and each worker, would leave a job Pending).
+
+Mode: containers under containerd, driven by a real kubelet (this file has no local-process mode; the
+operator/kubelet tests without containers are in test_operator_integration.py).
 """
 
 from __future__ import annotations
@@ -41,14 +46,21 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True,
+                       real_node=True) as running:
         yield running
+
+
+#: Requests that fit the node's two cores with the operator and a second job's pods beside a job.
+SMALL = {"head.resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+         "rolloutWorkers.resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+         "learner.resources": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
 
 
 def example(name: str, **spec_changes) -> dict:
     job = yaml.safe_load((REPO / "examples" / name).read_text())
     job["metadata"]["namespace"] = NS
-    for dotted, value in spec_changes.items():
+    for dotted, value in {**SMALL, **spec_changes}.items():
         node = job["spec"]
         *parents, last = dotted.split(".")
         for key in parents:
@@ -171,7 +183,7 @@ def test_cartpole_ppo_trains_on_the_cluster_as_a_user_runs_it(bed):
     assert "torch threads: 1 (container CPUs: 1)" in logs, logs[-2000:]
 
     # The run directory is on the claim: it outlives the learner pod.
-    run_dir = bed.agent.claim_dir(NS, "cartpole-checkpoints")
+    run_dir = bed.node.claim_dir(NS, "cartpole-checkpoints")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["evaluation"]["mean_return"] == 500 if "mean_return" in summary.get("evaluation", {}) else True
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.pt")), list(run_dir.iterdir())
@@ -271,7 +283,7 @@ def test_a_job_with_four_rollout_workers(bed):
     # Every pod held to one CPU by a limit (a cgroup quota on its container) on a node of more cores: each
     # process's thread pools are sized to that one CPU, not to the node's cores.
     assert len(os.sched_getaffinity(0)) > 1, "the thread check needs a node with more cores than the pods' limit"
-    one_cpu = {"limits": {"cpu": "1", "memory": "2Gi"}}
+    one_cpu = {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
     job = example("cartpole-ppo.yaml", **{"rolloutWorkers.replicas": 4, "rolloutWorkers.envsPerWorker": 4,
                                           "rolloutWorkers.resources": one_cpu, "learner.resources": one_cpu,
                                           "stopping.targetReturn": 195, "evaluation.episodes": 5})
@@ -431,14 +443,14 @@ except Exception as err:
 """
 
 
-def _stranger(bed: OneNodeCluster, script: str, *args: str, env: dict[str, str] | None = None) -> str:
-    """Run a Python script in a container of the trainer image on the bed's pod network: any other pod of
-    the cluster, not one of the job's."""
-    from bed.cluster_bed import TRAINER_IMAGE
-
-    env_args = [a for k, v in (env or {}).items() for a in ("--env", f"{k}={v}")]
-    result = bed.podman("run", "--rm", "--network", bed.network, "--user", "1000", *env_args,
-                        "--entrypoint", "python3", TRAINER_IMAGE, "-c", script, *args, check=False)
+def _inside_the_job(bed: OneNodeCluster, script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run a Python script in the ray-token job's first rollout worker (`kubectl exec`), without the job's
+    token, or with `env`'s: a process inside the job's NetworkPolicies, which refuse any pod outside the
+    job at the Ray ports (test_real_node.py), so what admits or refuses it here is Ray's token alone."""
+    settings = [f"{k}={v}" for k, v in (env or {}).items()]
+    result = bed.kubectl("exec", "-n", NS, "ray-token-worker-0", "-c", "rollout-worker", "--", "env", "-u",
+                         "RAY_AUTH_TOKEN", "-u", "RAY_AUTH_MODE", *settings, "python3", "-c", script, *args,
+                         check=False, timeout=120)
     return result.stdout + result.stderr
 
 
@@ -458,22 +470,22 @@ def test_a_jobs_ray_cluster_admits_only_its_own_token_and_the_job_still_trains(b
     head_ip = bed.pod(NS, "ray-token-head")["status"]["podIP"]
     address = f"{head_ip}:6379"
 
-    # A pod of the cluster without the token: Ray's own client is refused by the job's head.
-    refused = _stranger(bed, _GCS_PROBE, address)
+    # A process without the token: Ray's own client is refused by the job's head.
+    refused = _inside_the_job(bed, _GCS_PROBE, address)
     assert "REFUSED AuthenticationError" in refused and "Authentication token is missing or incorrect" in refused, \
         refused
-    wrong = _stranger(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
+    wrong = _inside_the_job(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})
     assert "REFUSED AuthenticationError" in wrong, wrong
     # The same client with the job's token (read as the cluster's admin, which the operator is not) is
-    # admitted: the refusals above are the token's doing, not the network's.
+    # admitted: the refusals above are the token's doing.
     secret = bed.cluster.get("secrets", "ray-token-ray-token", NS)
     token = base64.b64decode(secret["data"]["token"]).decode()
     assert len(token) == 64 and token not in json.dumps(bed.cluster.get("pods", "ray-token-head", NS))
-    admitted = _stranger(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    admitted = _inside_the_job(bed, _GCS_PROBE, address, env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     assert "ADMITTED" in admitted, admitted
     # Ray's dashboard (its job-submission API, which runs code) is not served at all: the head starts
     # without it, so nothing listens on its port.
-    dashboard = _stranger(bed, "import sys, urllib.request as u\ntry:\n u.urlopen(sys.argv[1], timeout=10)\n"
+    dashboard = _inside_the_job(bed, "import sys, urllib.request as u\ntry:\n u.urlopen(sys.argv[1], timeout=10)\n"
                                " print('OPEN')\nexcept Exception as err:\n print('CLOSED', err)\n",
                           f"http://{head_ip}:8265/api/jobs/")
     assert "CLOSED" in dashboard and "Connection refused" in dashboard, dashboard
@@ -539,14 +551,19 @@ def build_user_image(tmp_path: Path) -> None:
 
 def test_your_own_environment_in_your_own_image_trains_on_the_cluster(bed, tmp_path):
     """docs/custom-environments.md's path: a package with an env, an image FROM the trainer's that installs
-    it, spec.image, environment.id naming the package's registered id. The same job on the stock image fails
-    at once as InvalidSpec, naming the module and the image."""
+    it, pushed to the cluster's registry, spec.image naming it there, environment.id naming the package's
+    registered id. The same job on the stock image fails at once as InvalidSpec, naming the module and the
+    image."""
     build_user_image(tmp_path)
+    pushed = f"{bed.registry.address}/kuberl/gridgoal-trainer:e2e"
     try:
+        push = subprocess.run(["podman", "push", "--tls-verify=false", GRIDGOAL_IMAGE, f"docker://{pushed}"],
+                              capture_output=True, text=True, timeout=600)
+        assert push.returncode == 0, push.stderr[-3000:]
         common = {"environment": {"id": "gridgoal:GridGoal-v0", "kwargs": {"size": 4}},
                   "rolloutWorkers.replicas": 1, "rolloutWorkers.envsPerWorker": 4,
                   "stopping": {"maxEnvSteps": 4096}, "evaluation": {"episodes": 4}}
-        own = example("cartpole-ppo.yaml", image=GRIDGOAL_IMAGE, **common)
+        own = example("cartpole-ppo.yaml", image=pushed, **common)
         own["metadata"]["name"] = "own-env"
         stock = example("cartpole-ppo.yaml", **common)
         stock["metadata"]["name"] = "stock-image"
@@ -564,7 +581,7 @@ def test_your_own_environment_in_your_own_image_trains_on_the_cluster(bed, tmp_p
         status = learner_figures(bed, "own-env")
         assert status["progress"]["envSteps"] >= 4096 and status["progress"]["episodes"] > 0, status
         learner = bed.cluster.get("pods", "own-env-learner", NS)
-        assert learner["spec"]["containers"][0]["image"] == GRIDGOAL_IMAGE
+        assert learner["spec"]["containers"][0]["image"] == pushed
         for job in ("stock-image", "own-env"):
             delete_and_check_nothing_left(bed, job)
     finally:
@@ -633,8 +650,11 @@ def test_a_learner_that_exits_at_once_shows_its_last_log_lines(bed):
 # ---- pod templates per role (spec.<role>.template), on real containers -------------------------------------
 
 
-def _inspect(bed: OneNodeCluster, container: str) -> dict:
-    return json.loads(bed.podman("inspect", container).stdout)[0]
+def _running_spec(bed: OneNodeCluster, container: str) -> dict:
+    """The OCI runtime spec containerd runs `container` under, once it runs."""
+    wait_until(lambda: any(c.name == container and c.running for c in bed.node.containers.list()), 120, 0.5,
+               f"{container} running")
+    return bed.node.containers.spec(container)
 
 
 def own_tolerations(pod: dict) -> list[dict]:
@@ -647,7 +667,7 @@ def own_tolerations(pod: dict) -> list[dict]:
 
 @pytest.fixture
 def mlflow_on_bed(bed, tmp_path):
-    """A real `mlflow server` listening on the bed network's gateway, which the bed's pods reach."""
+    """A real `mlflow server` listening on the host's end of the node's link, which the bed's pods reach."""
     from tools import MLflowServer
 
     server = MLflowServer(tmp_path, host=bed.gateway)
@@ -657,7 +677,7 @@ def mlflow_on_bed(bed, tmp_path):
 
 
 def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_sidecar(bed, mlflow_on_bed):
-    """Also MLflow tracking from a learner pod: a real `mlflow server` on the bed network's gateway, its
+    """Also MLflow tracking from a learner pod: a real `mlflow server` on the host, where pods reach it, its
     token from the same Secret (spec.tracking.mlflow.credentialsSecret), the run read back with MLflow's
     own client."""
     import base64
@@ -707,29 +727,36 @@ def test_pod_templates_give_the_containers_tolerations_secret_env_volumes_and_a_
     assert [c["name"] for c in worker_pod["status"]["containerStatuses"]] == ["rollout-worker", "log-tail"]
     assert all(c["ready"] for c in worker_pod["status"]["containerStatuses"]), worker_pod["status"]
 
-    # The containers as podman runs them: the sidecar next to the worker, restricted by default, the Secret
-    # mounted read-only in it.
+    # The containers as containerd runs them: the sidecar next to the worker, restricted by default, the
+    # Secret mounted read-only in it.
     sidecar = next(n for n in job_containers(bed, "templated") if n.startswith("k8s_log-tail_templated-worker-0_"))
-    seen = _inspect(bed, sidecar)
-    assert seen["State"]["Running"] and seen["HostConfig"]["ReadonlyRootfs"], seen["State"]
-    assert seen["Config"]["User"] == "1000:1000", seen["Config"]
-    assert any("no-new-privileges" in opt for opt in seen["HostConfig"]["SecurityOpt"]), seen["HostConfig"]
-    assert any(m["Destination"] == "/etc/tracking" and not m["RW"] for m in seen["Mounts"]), seen["Mounts"]
-    assert bed.podman("exec", sidecar, "cat", "/etc/tracking/api-key").stdout == "s3cr3t"
+    seen = _running_spec(bed, sidecar)
+    assert seen["root"].get("readonly") is True, seen["root"]
+    assert (seen["process"]["user"]["uid"], seen["process"]["user"]["gid"]) == (1000, 1000), seen["process"]
+    assert seen["process"].get("noNewPrivileges") is True, seen["process"]
+    assert not any(seen["process"]["capabilities"].get(kind) for kind in ("bounding", "effective", "permitted")), \
+        seen["process"]["capabilities"]
+    assert any(m["destination"] == "/etc/tracking" and "ro" in m.get("options", []) for m in seen["mounts"]), \
+        seen["mounts"]
+    sidecar_key = bed.kubectl("exec", "-n", NS, "templated-worker-0", "-c", "log-tail", "--", "cat",
+                              "/etc/tracking/api-key")
+    assert sidecar_key.stdout == "s3cr3t"
 
     # The learner: the Secret's key as an env var, its keys with a prefix (envFrom), the Secret as files,
     # the scratch volume writable; the operator's env (the job, the Ray token) is still there.
     learner = next(n for n in job_containers(bed, "templated") if n.startswith("k8s_learner_templated-learner_"))
-    env = dict(e.split("=", 1) for e in _inspect(bed, learner)["Config"]["Env"])
+    env = dict(e.split("=", 1) for e in _running_spec(bed, learner)["process"]["env"])
     assert env["API_KEY"] == "s3cr3t" and env["TRACKING_api-key"] == "s3cr3t"
     assert env["TRACKING_ENDPOINT"] == "https://tracking.example"
     assert env["KUBERL_JOB_SPEC_FILE"] == "/etc/kuberl/job/job.json"
     assert env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) == 64
     # The tracker's token straight from the Secret; the keys the Secret lacks set nothing.
     assert env["MLFLOW_TRACKING_TOKEN"] == "t0ken" and "MLFLOW_TRACKING_USERNAME" not in env
-    handed = json.loads(bed.podman("exec", learner, "cat", env["KUBERL_JOB_SPEC_FILE"]).stdout)
+    in_learner = ("exec", "-n", NS, "templated-learner", "-c", "learner", "--")
+    handed = json.loads(bed.kubectl(*in_learner, "cat", env["KUBERL_JOB_SPEC_FILE"]).stdout)
     assert handed["metadata"]["name"] == "templated" and "template" in handed["spec"]["learner"]
-    shown = bed.podman("exec", learner, "sh", "-c", "cat /etc/tracking/api-key && echo && touch /scratch/ok && echo writable")
+    shown = bed.kubectl(*in_learner, "sh", "-c",
+                        "cat /etc/tracking/api-key && echo && touch /scratch/ok && echo writable")
     assert shown.stdout.split() == ["s3cr3t", "writable"], shown.stdout + shown.stderr
 
     wait_complete(bed, "templated", 600)

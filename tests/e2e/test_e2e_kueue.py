@@ -8,8 +8,8 @@ the test, decides: it admits a group the ClusterQueue has quota for and lifts th
 admitted (the job stays Queued and nothing of it runs). Assertions read the API server: the job's
 status and events, the pods, Kueue's Workloads, and the audit log for who lifted the gates.
 
-Mode: podman containers, one bed for the module (its own control plane, so Kueue's webhooks reach no
-other test's pods).
+Mode: the real node (a kubelet with containerd), one bed for the module (its own control plane, so Kueue's
+webhooks reach no other test's pods).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def bed(tmp_path_factory):
         if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
-    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), kueue=True) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), kueue=True, real_node=True) as running:
         queues = [doc for doc in yaml.safe_load_all((REPO / "deploy" / "kueue" / "queues.yaml").read_text()) if doc]
         for doc in queues:
             if doc["kind"] == "LocalQueue":
@@ -106,11 +106,18 @@ def delete_and_check_nothing_left(bed: OneNodeCluster, job: str) -> None:
     wait_until(lambda: not job_containers(bed, job), 120, 0.2, f"the containers of {job} to be gone")
 
 
+#: Requests that fit the real node's two cores beside the operator: 3 pods, 0.6 CPU and 2.5Gi asked.
+SMALL = {"head.resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+         "rolloutWorkers.resources": {"requests": {"cpu": "200m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+         "learner.resources": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
+
+
 def small_job(job_name: str, **spec_changes) -> dict:
-    """cartpole-ppo with one rollout worker and a low target: a short run (3 pods, 2.5 CPU and 4Gi asked)."""
+    """cartpole-ppo with one rollout worker and a low target: a short run."""
     return example("cartpole-ppo.yaml", job_name, **{
         "queueName": QUEUE, "rolloutWorkers.replicas": 1, "startupDeadlineSeconds": 300,
-        "stopping": {"targetReturn": 60, "maxEnvSteps": 20_000}, "evaluation": {"episodes": 10}, **spec_changes})
+        "stopping": {"targetReturn": 60, "maxEnvSteps": 20_000}, "evaluation": {"episodes": 10}, **SMALL,
+        **spec_changes})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,7 +125,10 @@ def small_job(job_name: str, **spec_changes) -> dict:
 
 def test_a_job_whose_gang_fits_is_admitted_by_kueue_which_lifts_every_gate_and_it_trains(bed):
     since = bed.plane.audit_offset()
-    apply(bed, small_job("fits"))
+    # Long enough to be seen Running: the operator marks it so once every pod is Ready, which the kubelet's
+    # readiness probes report seconds after the containers start; a job that reached a low target before
+    # that went from Starting to Succeeded on a loaded machine.
+    apply(bed, small_job("fits", stopping={"targetReturn": 10_000, "maxEnvSteps": 60_000}))
     group = "fits-g0-n3"
     workload = bed.cluster.wait_for("workloads", group, namespace=NS, timeout=120,
                                     predicate=lambda w: condition(w, "Admitted").get("status") == "True")

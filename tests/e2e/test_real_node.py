@@ -28,7 +28,6 @@ import pytest
 import yaml
 from bed.cluster_bed import ROLLOUT_IMAGE, OneNodeCluster, bed_for_tests
 from bed.common import wait_until
-from bed.real_node_config import GATEWAY, POD_SUBNET
 
 REPO = Path(__file__).resolve().parents[2]
 NS, OTHER_NS = "ml-jobs", "other-team"
@@ -144,9 +143,10 @@ def test_a_job_trains_to_complete_on_a_real_kubelet_through_cluster_dns(bed):
     # its headless Service has (`<job>-head.<namespace>.svc`), which only CoreDNS answers here.
     learner = bed.cluster.get("pods", "dns-job-learner", NS)
     assert learner["spec"]["nodeName"] == bed.node.node_name
-    assert ipaddress.ip_address(learner["status"]["podIP"]) in ipaddress.ip_network(POD_SUBNET), learner["status"]
+    assert ipaddress.ip_address(learner["status"]["podIP"]) in ipaddress.ip_network(bed.node.pod_subnet), \
+        learner["status"]
     operator = bed.cluster.get("pods", bed.operator_pod_name, "kuberl-system")
-    assert operator["spec"]["nodeName"] == bed.node.node_name and operator["status"]["podIP"] != GATEWAY
+    assert operator["spec"]["nodeName"] == bed.node.node_name and operator["status"]["podIP"] != bed.node.address
 
 
 def test_the_jobs_network_policies_admit_its_own_pods_and_refuse_the_rest(bed):
@@ -163,8 +163,8 @@ def test_the_jobs_network_policies_admit_its_own_pods_and_refuse_the_rest(bed):
 
     # The kubelet wrote the pod's resolv.conf: CoreDNS at the node, the namespace's search domains.
     resolv = exec_python(bed, f"{job}-worker-0", "print(open('/etc/resolv.conf').read())")
-    assert f"nameserver {GATEWAY}" in resolv and f"search {NS}.svc.cluster.local svc.cluster.local cluster.local" \
-        in resolv, resolv
+    assert f"nameserver {bed.node.address}" in resolv, resolv
+    assert f"search {NS}.svc.cluster.local svc.cluster.local cluster.local" in resolv, resolv
     # The job's own pods reach the head's GCS and raylet ports, by the name its headless Service has: the
     # ports the probes below are refused at are open, to the job.
     for port in (6379, 6380):

@@ -1,5 +1,6 @@
 """The suite's own scheduler (tests/conftest.py, `pytest -n`): whole modules per worker, one end-to-end bed
-while other tests are queued, a second once only beds are left, never a third, one real node at a time.
+while other tests are queued, a second once only beds are left, never a third (nor more than a machine's
+real node slots).
 Driven the way xdist drives it (collection, schedule, a report per finished test), with workers that record
 what they are sent."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import conftest
+from bed.real_node_config import NODE_SLOTS
 
 #: Beds of the node agent's kind (none in conftest.REAL_NODE_MODULES): the rules on how many beds at once.
 MODULES = {
@@ -95,27 +97,7 @@ def test_beds_wait_while_other_tests_are_queued():
     assert "tests/unit/test_b.py" in sched.assigned_work[workers[1]] and bed_workers(sched) == {"a"}
 
 
-
-def test_never_two_real_nodes_at_once():
-    """Two modules on the real node never run at once (one node per machine), though a bed of another kind
-    may run beside one; every module still runs. Workers finish their modules in turn until none is left."""
-    real = ["tests/e2e/test_e2e_faults.py", "tests/e2e/test_real_node.py"]
-    assert all(conftest.on_real_node(m) for m in real) and not conftest.on_real_node("tests/e2e/test_e2e_cluster.py")
-    modules = {real[0]: 2, "tests/e2e/test_e2e_cluster.py": 1, real[1]: 1, "tests/integration/test_a.py": 2,
-               "tests/unit/test_b.py": 2}
-    collection = [f"{module}::test_{i}" for module, n in modules.items() for i in range(n)]
-    workers = [Worker("a"), Worker("b"), Worker("c")]
-    sched = scheduler(workers, collection)
-
-    def unfinished(worker: Worker) -> list[str]:
-        return [scope for scope, done in sched.assigned_work.get(worker, {}).items() if not all(done.values())]
-
-    seen_real_beside_real = []
-    while any(unfinished(w) for w in workers):
-        holders = [w for w in workers if any(conftest.on_real_node(s) for s in unfinished(w))]
-        seen_real_beside_real.append(len(holders) > 1)
-        worker = next(w for w in workers if unfinished(w))
-        workers.append(workers.pop(workers.index(worker)))  # the next turn is another worker's
-        finish_module(sched, worker, unfinished(worker)[0], collection)
-    assert not any(seen_real_beside_real)
-    assert not sched.workqueue and {s for units in sched.assigned_work.values() for s in units} == set(modules)
+def test_no_bed_waits_for_a_real_node_slot():
+    """Every bed may be a real node, and a machine runs NODE_SLOTS of them at once: the scheduler never
+    starts more beds than that, so no worker sits waiting for a slot while tests are queued."""
+    assert max(conftest.BEDS_AT_ONCE, conftest.BEDS_WHEN_ONLY_BEDS_LEFT) <= NODE_SLOTS
