@@ -114,8 +114,8 @@ def test_three_real_jobs_at_once_each_with_its_own_status_metrics_and_checkpoint
     for name in jobs:
         bed.kubectl("delete", "rltj", name, "-n", NS, "--wait=true", "--timeout=120s")
     wait_until(lambda: not bed.cluster.list("pods", NS)
-               and not [c for c in bed.bed_containers(running_only=False) if f"_{NS}_" in c], 120, 0.5,
-               "every pod and container of the three jobs gone")
+               and not [c for c in bed.bed_containers() if f"_{NS}_" in c], 120, 0.5,
+               "every pod of the three jobs gone and none of their containers running")
 
 
 def test_twenty_jobs_on_the_real_api_server_reconcile_with_no_error_and_no_duplicate_pod(

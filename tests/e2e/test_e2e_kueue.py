@@ -77,7 +77,9 @@ def job_pods(bed: OneNodeCluster, job: str) -> list[dict]:
 
 
 def job_containers(bed: OneNodeCluster, job: str) -> list[str]:
-    return [n for n in bed.bed_containers(running_only=False) if f"_{job}-" in n and f"_{NS}_" in n]
+    """The job's running containers. An exited one stays listed until the kubelet's garbage collection
+    (each minute) removes it, as on any node: what a deleted job must not leave is a container that runs."""
+    return [n for n in bed.bed_containers() if f"_{job}-" in n and f"_{NS}_" in n]
 
 
 def gated(pod: dict) -> bool:

@@ -108,6 +108,18 @@ def running(sim: Sim) -> Sim:
 ALL = ["cartpole-ppo-head", "cartpole-ppo-learner", "cartpole-ppo-worker-0", "cartpole-ppo-worker-1"]
 
 
+def test_a_learner_that_reports_its_first_iterations_is_running_before_its_readiness_probe_passes(sim):
+    """A short job trains for seconds, fewer than the kubelet takes to probe the learner Ready: its answer
+    on /metrics with iterations done says it trains. An answer before the first iteration does not."""
+    sim.step()
+    sim.run_all()
+    sim.set("cartpole-ppo-learner", "Running", ready=False)
+    sim.step(report=job_status.LearnerReport(Progress(), None, False))
+    assert sim.phase == Phase.STARTING  # serving its metrics, not yet training
+    plan = sim.step(report=job_status.LearnerReport(Progress(env_steps=1024, iterations=1), None, False))
+    assert sim.phase == Phase.RUNNING and [(e.type, e.reason) for e in plan.events] == [("Normal", "Running")]
+
+
 def test_new_job_creates_head_learner_and_workers_then_runs(sim):
     plan = sim.step()
     assert sorted(m["metadata"]["name"] for m in plan.create) == ALL

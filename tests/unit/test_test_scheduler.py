@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import conftest
 from bed.real_node_config import NODE_SLOTS
 
-#: Beds of the node agent's kind (none in conftest.REAL_NODE_MODULES): the rules on how many beds at once.
+#: Beds (fictional modules beside the cluster one): the rules on how many beds at once.
 MODULES = {
     "tests/e2e/test_e2e_cluster.py": 3, "tests/e2e/test_bed_two.py": 2, "tests/e2e/test_bed_three.py": 1,
     "tests/e2e/test_bed_four.py": 2,

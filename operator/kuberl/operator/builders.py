@@ -389,11 +389,12 @@ def build_learner_pod(job: RLTrainingJob, options: BuildOptions, *, epoch: int =
     if job.spec.metrics.enabled:
         port = metrics_port(job)
         extra["ports"] = [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
-        # The metrics are served by a thread of the training process, which waits for the interpreter lock
-        # while an update runs: on a busy node a reply took over the kubelet's default 1 s for minutes on
-        # end, and a pod never Ready keeps its job from being Running.
+        # Every 3 s: the learner serves its metrics from its first second, and a job that trains for a few
+        # seconds is Ready while it does. The metrics are served by a thread of the training process, which
+        # waits for the interpreter lock while an update runs: on a busy node a reply took over the
+        # kubelet's default 1 s for minutes on end, so a reply may take the whole period.
         extra["readinessProbe"] = {"httpGet": {"path": "/metrics", "port": "metrics"},
-                                   "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+                                   "periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 3}
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port),
                        "prometheus.io/path": "/metrics"}
     volumes = [checkpoint_volume(job), shm,

@@ -120,6 +120,8 @@ class _Pass:
         self.learner_pod: PodView | None = None
         self.worker_pods: dict[int, PodView] = {}  # index -> pod
         self.learner_replicas: dict[int, PodView] = {}  # rank -> pod, ranks >= 1
+        #: The learner answered this pass's read of its /metrics past its first iteration: it trains.
+        self.learner_training = False
         self.done = False
 
     @property
@@ -538,7 +540,11 @@ def _observe(pass_: _Pass, job: RLTrainingJob) -> None:
     head, learner = pass_.head_pod, pass_.learner_pod
     head_up = head is not None and head.phase == "Running" and head.name not in deleting
     learner_up = learner is not None and learner.phase == "Running" and learner.name not in deleting
-    all_up = (head_up and learner_up and head is not None and learner is not None and head.ready and learner.ready
+    # A learner that answered with its first iterations trains, whether or not its readiness probe has
+    # passed yet: the kubelet probes it every few seconds, and a short job (or a busy node, where a probe
+    # times out) would otherwise go from Starting to Succeeded without ever being Running.
+    learner_ready = learner is not None and (learner.ready or pass_.learner_training)
+    all_up = (head_up and learner_up and head is not None and head.ready and learner_ready
               and ready == desired)
     if pass_.phase in (Phase.PENDING, Phase.STARTING) and all_up:
         pass_.status.phase = Phase.RUNNING
@@ -658,6 +664,7 @@ def plan(*, meta: JobMeta, job: RLTrainingJob | None, problems: list[Problem] | 
     workers_desired = job.spec.rollout_workers.replicas if job else decided.status.workers_desired
     pass_ = _Pass(decided, meta, [*(problems or []), *([spec_fault] if spec_fault else [])], pods, now, options,
                   before, frozenset(deleted), workers_desired)
+    pass_.learner_training = report is not None and report.progress.iterations > 0
     _validate(pass_, job)
     if not pass_.done:
         _run_phase(pass_, job)
