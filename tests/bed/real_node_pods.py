@@ -128,7 +128,7 @@ class LogKeeper:
     def sync(self) -> None:
         """Keep every log file there is now (a reader calls it first, for a container seconds old)."""
         with self._lock:
-            for path in self.pod_logs.glob("*_*_*/*/*.log"):
+            for path in self._log_files():
                 namespace, pod, uid = path.parent.parent.name.split("_", 2)
                 target = self.keep / f"k8s_{path.parent.name}_{pod}_{namespace}_{uid}_{path.stem}.log"
                 if target.exists() or path in self._copies:
@@ -146,6 +146,19 @@ class LogKeeper:
                     shutil.copyfile(path, target)
                 except FileNotFoundError:
                     del self._copies[path]  # its pod is gone: the last copy stays
+
+    def _log_files(self) -> list[Path]:
+        """Each <namespace>_<pod>_<uid>/<container>/<restart>.log there is now. A pod's directory goes with
+        its pod, so one listed may be gone when it is read (a glob raised then, in a CI run)."""
+        return [path for pod in _entries(self.pod_logs) if pod.name.count("_") >= 2
+                for container in _entries(pod) for path in _entries(container) if path.suffix == ".log"]
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 __all__ = ["Container", "LogKeeper", "NodeContainers"]
