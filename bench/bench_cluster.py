@@ -166,7 +166,7 @@ def main() -> None:
     build = cluster_bed.ensure_images()
     cluster_runs, local_runs = [], []
     with (tempfile.TemporaryDirectory() as tmp,
-          cluster_bed.OneNodeCluster(pathlib.Path(tmp), namespaces=(NS,), real_node=True) as bed):
+          cluster_bed.OneNodeCluster(pathlib.Path(tmp), namespaces=(NS,)) as bed):
         for i in range(args.runs):
             local_runs.append(local_run())
             print(f"local run {i}: {local_runs[-1]['whole_command']:.1f} s", flush=True)

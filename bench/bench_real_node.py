@@ -1,11 +1,12 @@
-"""The same job on the two nodes the tests have: the node agent (pods as podman containers) and a real node
-(a kubelet, containerd, kube-proxy, CoreDNS and kube-router: tests/bed/real_node.py), each under its own real
-control plane with the chart's operator (bench/results/real_node.json).
+"""A job on the tests' real node (a kubelet, containerd, kube-proxy, CoreDNS and kube-router:
+tests/bed/real_node.py) under its own real control plane with the chart's operator
+(bench/results/real_node_bed.json; bench/results/real_node.json is this bench's last run beside the node agent,
+the podman stand-in for a kubelet the tests ran on before).
 
     .venv/bin/python bench/bench_real_node.py [--repeats 1] [--cold-images]
 
-Per repeat and node, one after the other: the bed's start (control plane, node, chart, operator Ready: the
-whole `with OneNodeCluster(...)` entry), `kubectl apply` of CartPole PPO (20,000 env steps, one worker, requests
+Per repeat: the bed's start (control plane, node, chart, operator Ready: the whole `with OneNodeCluster(...)`
+entry), `kubectl apply` of CartPole PPO (20,000 env steps, one worker, requests
 that fit this machine's 2 CPUs) -> Succeeded as `kubectl get` sees it, the job's own time to first step, and
 the bed's stop. `--cold-images` empties the bed registry and the real node's image store first, so its first
 start pushes the operator, rollout and trainer images to the registry (scripts/build-images --push) and its
@@ -46,9 +47,9 @@ def job(name: str) -> dict:
     return body
 
 
-def one_run(real: bool, workdir: Path) -> dict:
+def one_run(workdir: Path) -> dict:
     t0 = time.monotonic()
-    bed = cluster_bed.OneNodeCluster(workdir, namespaces=(NS,), real_node=real)
+    bed = cluster_bed.OneNodeCluster(workdir, namespaces=(NS,))
     with bed:
         started = time.monotonic() - t0
         t1 = time.monotonic()
@@ -59,7 +60,7 @@ def one_run(real: bool, workdir: Path) -> dict:
         to_succeeded = time.monotonic() - t1
         status = bed.cluster.get("rltj", "cartpole", NS)["status"]
         t2 = time.monotonic()
-    return {"node": "real" if real else "agent", "phase": status["phase"], "bed_start_seconds": round(started, 1),
+    return {"phase": status["phase"], "bed_start_seconds": round(started, 1),
             "apply_to_succeeded_seconds": round(to_succeeded, 1),
             "time_to_first_step_seconds": status.get("timeToFirstStepSeconds"),
             "env_steps": status["progress"]["envSteps"], "bed_stop_seconds": round(time.monotonic() - t2, 1),
@@ -67,25 +68,24 @@ def one_run(real: bool, workdir: Path) -> dict:
 
 
 def main() -> None:
-    bench = Bench(__doc__, RESULTS / "real_node.json", arguments)
+    bench = Bench(__doc__, RESULTS / "real_node_bed.json", arguments)
     cluster_bed.ensure_images()
     if bench.args.cold_images:
         shutil.rmtree(real_node.IMAGE_STORE / "containerd", ignore_errors=True)
         shutil.rmtree(cluster_bed.REGISTRY_STORE, ignore_errors=True)
     runs = []
     for repeat in range(bench.args.repeats):
-        for real in (True, False):
-            with tempfile.TemporaryDirectory(prefix="kuberl-node-bench-", dir="/var/tmp") as tmp:
-                run = one_run(real, Path(tmp))
-            run["repeat"] = repeat
-            runs.append(run)
-            print(json.dumps(run), flush=True)
+        with tempfile.TemporaryDirectory(prefix="kuberl-node-bench-", dir="/var/tmp") as tmp:
+            run = one_run(Path(tmp))
+        run["repeat"] = repeat
+        runs.append(run)
+        print(json.dumps(run), flush=True)
 
-    def median(node: str, key: str) -> float:
-        return round(statistics.median(r[key] for r in runs if r["node"] == node and r[key] is not None), 1)
+    def median(key: str) -> float:
+        return round(statistics.median(r[key] for r in runs if r[key] is not None), 1)
 
     keys = ("bed_start_seconds", "apply_to_succeeded_seconds", "time_to_first_step_seconds", "bed_stop_seconds")
-    medians = {node: {key: median(node, key) for key in keys} for node in ("real", "agent")}
+    medians = {key: median(key) for key in keys}
     store = real_node.IMAGE_STORE / "containerd"
     store_gb = round(sum(f.stat().st_size for f in store.rglob("*") if f.is_file() and not f.is_symlink()) / 1e9, 1)
     result = {
@@ -93,11 +93,10 @@ def main() -> None:
         "command": "python bench/bench_real_node.py --repeats {}{}".format(
             bench.args.repeats, " --cold-images" if bench.args.cold_images else ""),
         "runs": runs, "medians": medians,
-        "ratios_real_over_agent": {key: round(medians["real"][key] / medians["agent"][key], 2) for key in keys},
         "notes": [
             "one job at a time on an otherwise idle bed; after --cold-images the real node's first start includes "
             "pushing the three images to the bed registry (timings.push_seconds) and its first job pulls them",
-            "CartPole PPO, 20,000 env steps, one rollout worker with 4 envs: the same job spec on both nodes",
+            "CartPole PPO, 20,000 env steps, one rollout worker with 4 envs",
             "image_store_gb: containerd's store of the operator, rollout and trainer images (the layers as "
             "pulled, and unpacked), the bytes of its files",
         ],

@@ -1,12 +1,14 @@
 """KubeRL against KubeRay + RLlib on the same one-node cluster, in the same run, alternating.
 
-On the bed the end-to-end tests use (tests/bed/cluster_bed.py: the real control plane, a node agent
-running every bound pod as a podman container, KubeRL's operator from its chart), KubeRay's own operator
+On the bed the end-to-end tests use (tests/bed/cluster_bed.py: the real control plane, a real node (the kubelet
+with containerd, kube-proxy, CoreDNS, kube-router) pulling every image from the bed's registry, KubeRL's operator
+from its chart), KubeRay's own operator
 runs beside it (tests/bed/kuberay.py: built from the Go module proxy by scripts/build-kuberay, its CRDs and
 ClusterRole, as a host process with its own ServiceAccount's token). Each repeat applies, in turn,
 `examples/cartpole-ppo.yaml` (namespace bench-kuberl) and `bench/kuberay/rayjob-cartpole-ppo.yaml` (RLlib
 PPO with the settings of RLlib's own CartPole PPO example, namespace bench-kuberay), both stopping at a
-mean return of 475 over 100 episodes, and records for each: apply -> first env step, -> solved, ->
+mean return of 475 over 100 episodes, each asking for what the node's two cores fit (bench_cluster.REQUESTS and
+the same in the RayJob), and records for each: apply -> first env step, -> solved, ->
 complete, -> every pod gone; env steps to solve and the 100-episode evaluation; objects created and API
 requests (the audit log), operator CPU seconds and peak memory; pod start times. Once: image sizes, lines
 of YAML, and what `kubectl get`/`describe` shows while it runs. `--local` adds, interleaved, the same
@@ -16,7 +18,10 @@ adds one run each where a rollout worker's container is SIGKILLed mid-training.
 Needs, built first: the images (./scripts/build-images), KubeRay (./scripts/build-kuberay) and the RLlib
 image (bench/kuberay/build-image; needs the trainer image). The bench builds what is missing itself.
 
-    .venv/bin/python bench/bench_vs_kuberay.py --repeats 5 --local --fault   # -> bench/results/vs_kuberay.json
+    .venv/bin/python bench/bench_vs_kuberay.py --repeats 5 --local --fault  # -> bench/results/vs_kuberay_real_node.json
+
+(bench/results/vs_kuberay.json, vs_kuberay_loaded.json and vs_kuberay_one_command.json are its runs on the node
+agent, the podman stand-in for a kubelet it ran on before, with the former requests.)
 """
 
 from __future__ import annotations
@@ -32,10 +37,13 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
-from bench_cluster import JOB_FILE, local_run, scrape
+from bench_cluster import JOB_FILE, REQUESTS, local_run, scrape
 from common import BENCH, REPO, RESULTS, Bench, from_tests, load_average
 
 RAYJOB_FILE = BENCH / "kuberay" / "rayjob-cartpole-ppo.yaml"
+#: The RLlib image bench/kuberay/build-image makes, as the RayJob names it; the bench pushes it to the bed's
+#: registry and names it there (`rayjob`).
+RLLIB_IMAGE = "localhost/kuberl-bench/rllib-kuberay:2.60.0"
 RLLIB_IMAGE_SCRIPT = BENCH / "kuberay" / "build-image"
 NS = {"kuberl": "bench-kuberl", "kuberay": "bench-kuberay"}
 TARGET = 475.0
@@ -106,11 +114,42 @@ class KubeRLOperator:
 
     def usage(self) -> dict[str, float]:
         kuberay = from_tests("bed.kuberay")
-        pod = self.bed.cluster.get("pods", self.bed.operator_pod_name, from_tests("bed.cluster_bed").OPERATOR_NAMESPACE)
-        runner = self.bed.agent.pods[pod["metadata"]["uid"]]
-        container = runner.containers[pod["spec"]["containers"][0]["name"]].current
-        pid = int(self.bed.podman("inspect", "--format", "{{.State.Pid}}", container).stdout.strip())
+        namespace = from_tests("bed.cluster_bed").OPERATOR_NAMESPACE
+        pid = self.bed.node.containers.pid(container_of(self.bed, namespace, self.bed.operator_pod_name))
         return kuberay.process_usage(pid)
+
+
+def kuberl_job() -> dict:
+    """The KubeRL file, asking for what the node's two cores fit."""
+    job = yaml.safe_load(JOB_FILE.read_text())
+    for role, resources in REQUESTS.items():
+        job["spec"].setdefault(role, {})["resources"] = resources
+    return job
+
+
+def rayjob(bed) -> dict:
+    """The RayJob file, its RLlib image named in the bed's registry (where `push_rllib_image` put it)."""
+    job = yaml.safe_load(RAYJOB_FILE.read_text())
+
+    def rename(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("image") == RLLIB_IMAGE:
+                node["image"], node["imagePullPolicy"] = f"{bed.registry.address}/{RLLIB_IMAGE.split('/', 1)[1]}", \
+                    "IfNotPresent"
+            for value in node.values():
+                rename(value)
+        elif isinstance(node, list):
+            for value in node:
+                rename(value)
+
+    rename(job)
+    return job
+
+
+def push_rllib_image(bed) -> None:
+    target = f"{bed.registry.address}/{RLLIB_IMAGE.split('/', 1)[1]}"
+    subprocess.run(["podman", "push", "--tls-verify=false", RLLIB_IMAGE, f"docker://{target}"], check=True,
+                   capture_output=True, timeout=1800)
 
 
 def pod_marks(pods: list[dict], marks: dict[str, dict[str, float]], now: float) -> None:
@@ -206,7 +245,7 @@ class Run:
 
 
 def kuberl_run(bed, index: int, operator: KubeRLOperator, operator_user: str, capture: bool) -> dict:
-    job = yaml.safe_load(JOB_FILE.read_text())
+    job = kuberl_job()
     name = f"cartpole-{index}"
     job["metadata"] = {"name": name}
     run = Run(bed, "kuberl", operator.usage, operator_user, capture)
@@ -269,7 +308,7 @@ def kuberl_derived(record: dict) -> dict:
 
 
 def kuberay_run(bed, index: int, kuberay, capture: bool) -> dict:
-    job = yaml.safe_load(RAYJOB_FILE.read_text())
+    job = rayjob(bed)
     name = f"cartpole-ppo-{index}"
     job["metadata"] = {"name": name}
     run = Run(bed, "kuberay", kuberay.usage, kuberay.username, capture)
@@ -325,14 +364,16 @@ def kuberay_run(bed, index: int, kuberay, capture: bool) -> dict:
 
 
 def container_of(bed, namespace: str, pod_name: str) -> str:
+    """The containerd id of the pod's first container, running now."""
     pod = bed.cluster.get("pods", pod_name, namespace)
-    runner = bed.agent.pods[pod["metadata"]["uid"]]
-    return runner.containers[pod["spec"]["containers"][0]["name"]].current
+    first = pod["spec"]["containers"][0]["name"]
+    return next(c.id for c in bed.node.containers.list()
+                if c.pod_uid == pod["metadata"]["uid"] and c.container == first and c.running)
 
 
 def kuberl_fault(bed) -> dict:
     """SIGKILL one rollout worker's container once the learner is past 20,000 env steps."""
-    job = yaml.safe_load(JOB_FILE.read_text())
+    job = kuberl_job()
     name = "fault-kuberl"
     job["metadata"] = {"name": name}
     ns = NS["kuberl"]
@@ -350,7 +391,7 @@ def kuberl_fault(bed) -> dict:
         ready = sample.get("kuberl_rollout_workers_ready")
         if killed is None and steps >= 20_000:
             uid = bed.cluster.get("pods", worker, ns)["metadata"]["uid"]
-            bed.podman("kill", "--signal", "KILL", container_of(bed, ns, worker))
+            bed.node.containers.kill(container_of(bed, ns, worker))
             killed = {"at": now, "env_steps": steps, "uid": uid}
         if killed is not None and sample:
             timeline.append((now - killed["at"], steps, ready))
@@ -388,7 +429,7 @@ def kuberl_fault(bed) -> dict:
 def kuberay_fault(bed, kuberay) -> dict:
     """SIGKILL one Ray worker pod's container once the driver is past 20,000 env steps."""
     ray = from_tests("bed.kuberay")
-    job = yaml.safe_load(RAYJOB_FILE.read_text())
+    job = rayjob(bed)
     name = "fault-kuberay"
     job["metadata"] = {"name": name}
     ns = NS["kuberay"]
@@ -404,7 +445,7 @@ def kuberay_fault(bed, kuberay) -> dict:
         if killed is None and steps >= 20_000:
             workers = [p for p in bed.cluster.list("pods", ns) if "-worker-" in p["metadata"]["name"]]
             victim = workers[0]
-            bed.podman("kill", "--signal", "KILL", container_of(bed, ns, victim["metadata"]["name"]))
+            bed.node.containers.kill(container_of(bed, ns, victim["metadata"]["name"]))
             killed = {"at": now, "unix": unix0 + now, "env_steps": steps,
                       "workers": {p["metadata"]["name"] for p in workers}}
         if killed is not None:
@@ -552,7 +593,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    bench = Bench(__doc__, RESULTS / "vs_kuberay.json", arguments)
+    bench = Bench(__doc__, RESULTS / "vs_kuberay_real_node.json", arguments)
     args = bench.args
     built = ensure_built()
     cluster_bed = from_tests("bed.cluster_bed")
@@ -566,6 +607,7 @@ def main() -> None:
         work = pathlib.Path(tmp)
         with (cluster_bed.OneNodeCluster(work / "bed", namespaces=tuple(NS.values())) as bed,
               kuberay_bed.KubeRay(bed.plane, bed.cluster, work / "kuberay") as kuberay):
+            push_rllib_image(bed)
             kuberl_operator = KubeRLOperator(bed)
             account = f"system:serviceaccount:{cluster_bed.OPERATOR_NAMESPACE}:"
             kuberl_user = next(e["user"]["username"] for e in bed.plane.audit_events(0)

@@ -7,18 +7,18 @@ The test bed: a Kubernetes cluster on a machine that has none (ARCHITECTURE.md, 
   source by scripts/build-control-plane; `real_cluster` and `cluster_fixtures` (`cluster_session`,
   `kube`): the session's cluster, the operator's ServiceAccount, a namespace per test, the audit log.
   The operator's integration tests run on it.
-- `kubelet_status`: the status a kubelet writes for a pod phase, for every bed that plays the kubelet;
-  `kubelet_api`: the requests a kubelet makes, as its node, and the Node's registration.
+- `kubelet_status`: the status a kubelet writes for a pod phase, for the operator's integration tests,
+  where the test plays the kubelet; `kubelet_api`: the requests a kubelet makes, as its node, and the
+  Node's registration.
 - `kopf_thread`: `run_kopf_in_thread`, kopf running an operator for real in a thread of the test.
 - `fault_proxy`: an HTTPS proxy in front of the real API server that injects what the server will not
   produce on demand (a 500, a slow answer, a watch cut mid-stream).
-- `node_agent`: the kubelet. `NodeAgent` registers a Node with the real API server as that node, runs
-  the Pods the scheduler binds to it as podman containers (`podman`), one `pod_runner.PodRunner` each
-  (its parts: `pod_containers`, `pod_readiness`, `pod_volumes`), writes their status as a kubelet does
-  and serves their logs on the Node's kubelet port (`kubelet_server`: `kubectl logs` through the API
-  server).
+- `real_node`: a real node (the kubelet, containerd with runc and the CNI plugins, kube-proxy, CoreDNS,
+  kube-router), each in a network namespace of its own, two per machine: its configuration in
+  `real_node_config`, what it changes on the machine and puts back in `real_node_host`, its containers and
+  kept logs through containerd in `real_node_pods`; `registry` is the registry its images come from.
 - `cluster_bed`: the whole one-node cluster for end-to-end tests and benchmarks: a control plane of its
-  own listening on a podman network's gateway, the node agent, the chart installed with helm (the
+  own listening on the host's end of the node's link, a real node, the chart installed with helm (the
   operator as its Deployment, with its ServiceAccount token), and on request Prometheus scraping it
   (`prometheus`) and Kueue (`kueue`: Kueue's own controller and webhooks, built by scripts/build-kueue)
   queueing it. `host_controller` runs such a third-party controller (Kueue, KubeRay's operator in

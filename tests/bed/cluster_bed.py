@@ -1,16 +1,15 @@
 """
 A one-node Kubernetes cluster for end-to-end tests and benchmarks: the real control plane
-(`control_plane.ControlPlane`), a node agent playing the kubelet that runs Pods as podman containers,
-and the operator installed with its chart (`helm install`) and running from its image, all on a podman
-network of the bed's own. With `real_node=True` the node is a real one instead (`real_node.RealNode`: a
-kubelet, containerd, kube-proxy, CoreDNS, kube-router), on a bridge of its own.
+(`control_plane.ControlPlane`), a real node (`real_node.RealNode`: a kubelet, containerd, kube-proxy,
+CoreDNS, kube-router, in a network namespace of its own), and the operator installed with its chart
+(`helm install`) and running from its image.
 
     with OneNodeCluster(workdir) as bed:
         bed.kubectl("apply", "-f", "examples/cartpole-ppo.yaml")
         bed.kubectl("wait", "--for=condition=Complete", "rltj/cartpole-ppo", "--timeout=300s")
 
-The API server listens on the network's gateway address, which the host and every container reach;
-nothing listens beyond this machine and the bed's own bridge. The operator is the chart's Deployment:
+The API server listens on the host's end of the node's link, which the host and every pod reach;
+nothing listens beyond this machine and the node's own network. The operator is the chart's Deployment:
 the Deployment and ReplicaSet controllers make its Pod, the scheduler binds it to the node, and it talks
 to the API server with its ServiceAccount's token, as on any cluster. Claims get a volume the bed
 provisions (a directory of the node's), as a cluster's default StorageClass would. Images come from
@@ -20,7 +19,6 @@ provisions (a directory of the node's), as a cluster's default StorageClass woul
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import os
 import pathlib
@@ -37,8 +35,7 @@ from tools import CACHE_DIR, file_lock
 from .common import CHART, OPERATOR_CRDS, OPERATOR_NAMESPACE, RELEASE, REPO, Body, wait_until
 from .control_plane import ADMIN, BUILD_SCRIPT, ControlPlane
 from .kueue import Kueue
-from .node_agent import NodeAgent
-from .podman import Podman, podman_network
+from .podman import Podman
 from .prometheus import BedPrometheus
 from .real_cluster import ApiError, Objects, Rest
 from .real_node import RealNode
@@ -48,7 +45,6 @@ from .registry import Registry, store_lock
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
 ROLLOUT_IMAGE = "ghcr.io/kuberl/kuberl-rollout:0.1.0"
-BED_LABEL = "kuberl.dev/test-bed"
 
 #: The bed registry's blobs, kept between runs (a push of the trainer image takes about a minute).
 REGISTRY_STORE = CACHE_DIR / "node-registry"
@@ -114,10 +110,10 @@ class BedApi(Objects):
 
 class ClaimProvisioner:
     """What a default StorageClass's provisioner does, for this one node: each pending claim gets a
-    PersistentVolume of its own (a directory of the node's, `NodeAgent.claim_dir`) that the controller
+    PersistentVolume of its own (a directory of the node's, `RealNode.claim_dir`) that the controller
     manager's binder binds it to; the scheduler places no pod whose claim is unbound."""
 
-    def __init__(self, api: BedApi, node: NodeAgent | RealNode):
+    def __init__(self, api: BedApi, node: RealNode):
         self.api, self.node = api, node
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -279,8 +275,7 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
 
     def __init__(self, workdir: pathlib.Path, *, namespaces: tuple[str, ...] = ("default",),
                  helm_values: Mapping[str, str] | None = None, prometheus: bool = False,
-                 operator: bool = True, restart_backoff: tuple[float, ...] | None = None, kueue: bool = False,
-                 real_node: bool = False):
+                 operator: bool = True, kueue: bool = False):
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.id = secrets.token_hex(3)
@@ -291,10 +286,6 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         self.want_prometheus = prometheus
         self.want_operator = operator
         self.want_kueue = kueue
-        self.real_node = real_node
-        self.restart_backoff = restart_backoff
-        self.network = f"kuberl-bed-{self.id}"
-        self.anchor = f"kuberl-bed-{self.id}-gateway"
         self._stack = contextlib.ExitStack()
         self.timings: dict[str, float] = {}
         self.prometheus_url: str | None = None
@@ -314,10 +305,7 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
 
     def _start(self) -> None:
         t0 = time.monotonic()
-        if self.real_node:
-            self._start_real_node()
-        else:
-            self._start_node_agent()
+        self._start_real_node()
         self.provisioner = ClaimProvisioner(self.cluster, self.node)
         self.provisioner.start()
         self._stack.callback(self.provisioner.stop)
@@ -363,33 +351,6 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
             self.log_keeper = LogKeeper(self.node.layout.pod_logs, pathlib.Path(keep)).start()
             self._stack.callback(self.log_keeper.stop)
 
-    def _start_node_agent(self) -> None:
-        t0 = time.monotonic()
-        subnet = self._stack.enter_context(podman_network(self.podman, self.network, int(self.id, 16)))
-        # The bridge and its gateway address exist once something is attached: an empty pod (its
-        # infra container only) holds them up, so the API server can listen there before any pod runs.
-        last_ip = str(list(ipaddress.ip_network(subnet).hosts())[-1])
-        self.podman("pod", "create", "--name", self.anchor, "--network", self.network, "--ip", last_ip,
-                    "--label", f"{BED_LABEL}={self.id}")
-        self.podman("pod", "start", self.anchor)
-        self._stack.callback(self.podman, "pod", "rm", "--force", "--time", "0", self.anchor, check=False)
-        self.gateway = str(next(ipaddress.ip_network(subnet).hosts()))
-        self.plane = ControlPlane(self.workdir / "control-plane", address=self.gateway,
-                                  kubelet_address_types=("InternalIP",))
-        self.plane.work.mkdir(parents=True, exist_ok=True)
-        self._stack.callback(self.plane.stop)
-        self.plane.start()
-        self.timings["control_plane_seconds"] = time.monotonic() - t0
-        self.cluster = BedApi(self.plane, self.namespaces[0])
-        options = {"restart_backoff": self.restart_backoff} if self.restart_backoff else {}
-        self.agent = NodeAgent(self.plane.server, self.plane.tokens["node"], self.plane.ca, self.workdir / "node",
-                               network=self.network, subnet=subnet, podman=self.podman,
-                               labels={BED_LABEL: self.id}, **options)
-        self.node = self._stack.enter_context(self.agent)
-        # Admission taints a new Node not-ready; the node-lifecycle controller would lift it once the
-        # node reports Ready, and it does not run here (control_plane), so the admin does.
-        self.cluster.patch("nodes", self.agent.node_name, {"spec": {"taints": None}})
-
     def create_namespace(self, name: str) -> None:
         """A namespace with Pod Security `restricted` enforced (also the cluster's default), once its
         `default` ServiceAccount exists (admission refuses pods before)."""
@@ -407,25 +368,19 @@ class OneNodeCluster(ChartOperator, BedPrometheus):
         return self.cluster.kubectl(*args, check=check, timeout=timeout, input=input)
 
     def bed_containers(self, running_only: bool = True) -> list[str]:
-        """Names of this bed's pod containers (k8s_<container>_<pod>_<namespace>_...; the gateway holder
-        excluded). On the real node, one that exited is listed until the kubelet removes it."""
-        if self.real_node:
-            return [c.name for c in self.node.containers.list() if c.running or not running_only]
-        args = ["ps", "--format", "{{.Names}}", "--filter", f"label={BED_LABEL}={self.id}"]
-        if not running_only:
-            args.append("--all")
-        names = self.podman(*args).stdout.split()
-        return [n for n in names if n != self.anchor]
+        """Names of this bed's pod containers (k8s_<container>_<pod>_<namespace>_<pod uid>); one that
+        exited is listed until the kubelet removes it."""
+        return [c.name for c in self.node.containers.list() if c.running or not running_only]
 
 
-def require_podman_and_images(real_node: bool = False) -> None:
-    """For a test module on real containers: fail in CI when podman (or, for a real node, its build) is
-    missing (skip elsewhere), and build the images when their inputs changed."""
+def require_podman_and_images() -> None:
+    """For a test module on real containers: fail in CI when podman or the real node's build is missing
+    (skip elsewhere), and build the images when their inputs changed."""
     import pytest
     from tools import in_ci
 
     reason = podman_ready()
-    if reason is None and real_node and subprocess.run(
+    if reason is None and subprocess.run(
             [str(REPO / "scripts" / "build-node"), "--print-bin"], capture_output=True, check=False).returncode:
         reason = "the real node is not built: run ./scripts/build-node (./scripts/test does)"
     if reason:
@@ -437,13 +392,12 @@ def require_podman_and_images(real_node: bool = False) -> None:
 
 @contextlib.contextmanager
 def bed_for_tests(workdir: pathlib.Path, **options: Any) -> Iterator[OneNodeCluster]:
-    """A bed for a test module: fails in CI when podman (or, for a real node, its build) is missing (skips
-    elsewhere), builds the images when their inputs changed, and checks at the end that the node agent
-    itself saw no error."""
-    require_podman_and_images(real_node=bool(options.get("real_node")))
+    """A bed for a test module: fails in CI when podman or the real node's build is missing (skips
+    elsewhere), builds the images when their inputs changed, and checks at the end that the node and the
+    bed's helpers saw no error."""
+    require_podman_and_images()
     with OneNodeCluster(workdir, **options) as running:
-        print("end-to-end mode: " + (f"a real node on {running.node.address}" if running.real_node
-                                     else f"podman containers on network {running.network}"))
+        print(f"end-to-end mode: a real node on {running.node.address}")
         yield running
         assert not running.node.errors, running.node.errors
         keeper = getattr(running, "log_keeper", None)

@@ -46,8 +46,7 @@ pytestmark = [pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True,
-                       real_node=True) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), prometheus=True) as running:
         yield running
 
 

@@ -29,7 +29,7 @@ NS = "ml-many"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    with bed_for_tests(tmp_path_factory.mktemp("many"), namespaces=(NS,), real_node=True) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("many"), namespaces=(NS,)) as running:
         yield running
 
 

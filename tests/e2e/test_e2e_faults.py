@@ -74,7 +74,7 @@ def bed(tmp_path_factory):
     before = os.environ.get("KUBERL_BED_LOG_DIR")
     os.environ["KUBERL_BED_LOG_DIR"] = logs
     try:
-        with bed_for_tests(tmp_path_factory.mktemp("faults"), namespaces=(NS,), real_node=True,
+        with bed_for_tests(tmp_path_factory.mktemp("faults"), namespaces=(NS,),
                            helm_values=LIVENESS) as running:
             yield running
     finally:

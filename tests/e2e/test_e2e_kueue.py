@@ -42,7 +42,7 @@ def bed(tmp_path_factory):
         if in_ci():
             pytest.fail(reason)
         pytest.skip(reason)
-    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), kueue=True, real_node=True) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS,), kueue=True) as running:
         queues = [doc for doc in yaml.safe_load_all((REPO / "deploy" / "kueue" / "queues.yaml").read_text()) if doc]
         for doc in queues:
             if doc["kind"] == "LocalQueue":

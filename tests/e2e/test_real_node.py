@@ -43,8 +43,7 @@ SMALL = {"rolloutWorkers": {"replicas": 1, "envsPerWorker": 4,
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
-    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS, OTHER_NS), prometheus=True,
-                       real_node=True) as running:
+    with bed_for_tests(tmp_path_factory.mktemp("bed"), namespaces=(NS, OTHER_NS), prometheus=True) as running:
         yield running
 
 
