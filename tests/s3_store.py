@@ -1,6 +1,6 @@
 """A real S3-compatible store for the tests and benchmarks that keep checkpoints in one: SeaweedFS's `weed
 server` (master, volume server, filer and S3 gateway in one process), built from its Go module by
-scripts/build-seaweedfs, on loopback or on a bed network's gateway, every port its own.
+scripts/build-seaweedfs, on loopback or on the host's end of a real node's link, every port its own.
 
     with SeaweedFS(tmp_path) as store:
         store.uri("my-test")                 # s3://kuberl/my-test: a prefix of the one bucket

@@ -182,7 +182,7 @@ class MLflowServer:
     ADMIN = "admin"
 
     def __init__(self, directory: Path, host: str = "127.0.0.1", admin_password: str | None = None):
-        """`host`: the address it listens on: loopback, or a bed network's gateway for the bed's pods.
+        """`host`: the address it listens on: loopback, or the host's end of a real node's link for the bed's pods.
         `admin_password`: run MLflow's basic-auth app (every request needs a user), its admin with this password."""
         self.venv, self.directory, self.host = tool_venv("mlflow", MLFLOW, MLFLOW_CONSTRAINTS), directory, host
         self.admin_password = admin_password

@@ -177,8 +177,8 @@ class ControlPlane:
 
     def __init__(self, work: Path, binaries: Path | None = None, *, address: str = "127.0.0.1",
                  kubelet_address_types: Sequence[str] = (), publish_endpoint: bool = False):
-        """`address`: where the API server listens and what it advertises (a podman network's gateway
-        lets containers reach it; the serving certificate then names it too). `kubelet_address_types`:
+        """`address`: where the API server listens and what it advertises (the host's end of a real node's
+        link lets pods reach it; the serving certificate then names it too). `kubelet_address_types`:
         which Node addresses the server dials for logs and exec, in order (its default prefers a
         Hostname, which a test node cannot resolve). `publish_endpoint`: the `kubernetes` Service leads
         to `address` (for pods whose Service traffic a kube-proxy carries)."""

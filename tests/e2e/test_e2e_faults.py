@@ -813,8 +813,8 @@ def test_every_pod_of_the_job_deleted_without_grace_as_a_spot_node_is_lost(bed):
 
 @pytest.fixture(scope="module")
 def store_on_bed(bed, tmp_path_factory):
-    """A real S3-compatible store (SeaweedFS) on the bed network's gateway, which the bed's pods reach, and
-    its keys as a Secret in the test namespace; a second Secret holds a wrong secret key."""
+    """A real S3-compatible store (SeaweedFS) on the host's end of the node's link, which the bed's pods
+    reach, and its keys as a Secret in the test namespace; a second Secret holds a wrong secret key."""
     import base64
 
     from s3_store import SeaweedFS
