@@ -39,11 +39,9 @@ from common import EXAMPLES, REPO, RESULTS, Bench, from_tests
 
 NS = "bench"
 JOB_FILE = EXAMPLES / "cartpole-ppo.yaml"
-#: What each pod asks: the end-to-end tests' requests (tests/e2e/test_e2e_cluster.py, SMALL), which two
-#: cores fit beside the operator. The learner's and workers' threads are sized to one CPU either way.
-REQUESTS = {"head": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-            "rolloutWorkers": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-            "learner": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
+#: What each pod asks: the end-to-end tests' requests, which two cores fit beside the operator. The
+#: learner's and workers' threads are sized to one CPU either way.
+REQUESTS = from_tests("bed.cluster_bed").SMALL_REQUESTS
 
 
 def scrape(ip: str, port: int = 8080) -> dict[str, float]:

@@ -42,6 +42,12 @@ from .real_node import RealNode
 from .real_node_pods import LogKeeper
 from .registry import Registry, store_lock
 
+#: What a job's pods ask for on the bed's node, which offers this machine's two cores: a job with a few
+#: workers fits beside the operator and a second job (the defaults, a CPU per worker and learner, would
+#: leave it Pending, as on any 2-core node). Role -> spec.<role>.resources.
+SMALL_REQUESTS = {"head": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+                  "rolloutWorkers": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+                  "learner": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
 OPERATOR_IMAGE = "ghcr.io/kuberl/kuberl-operator:0.1.0"
 TRAINER_IMAGE = "ghcr.io/kuberl/kuberl-trainer:0.1.0"
 ROLLOUT_IMAGE = "ghcr.io/kuberl/kuberl-rollout:0.1.0"
@@ -417,5 +423,5 @@ def podman_ready() -> str | None:
     return None
 
 
-__all__ = ["OPERATOR_IMAGE", "ROLLOUT_IMAGE", "TRAINER_IMAGE", "BedApi", "OneNodeCluster", "ensure_images",
-           "podman_ready"]
+__all__ = ["OPERATOR_IMAGE", "ROLLOUT_IMAGE", "SMALL_REQUESTS", "TRAINER_IMAGE", "BedApi", "OneNodeCluster",
+           "ensure_images", "podman_ready"]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from bed.cluster_bed import OneNodeCluster, bed_for_tests
+from bed.cluster_bed import SMALL_REQUESTS, OneNodeCluster, bed_for_tests
 from bed.common import wait_until
 from tools import file_lock
 
@@ -50,10 +50,8 @@ def bed(tmp_path_factory):
         yield running
 
 
-#: Requests that fit the node's two cores with the operator and a second job's pods beside a job.
-SMALL = {"head.resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-         "rolloutWorkers.resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-         "learner.resources": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
+#: The bed's small requests (cluster_bed.SMALL_REQUESTS) as this module's spec changes.
+SMALL = {f"{role}.resources": resources for role, resources in SMALL_REQUESTS.items()}
 
 
 def example(name: str, **spec_changes) -> dict:

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
-from bed.cluster_bed import OneNodeCluster, bed_for_tests
+from bed.cluster_bed import SMALL_REQUESTS, OneNodeCluster, bed_for_tests
 from bed.common import OPERATOR_NAMESPACE, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,11 +51,8 @@ MAX_RATE = 2 * 8 / STEP_SECONDS
 MAX_ENV_STEPS = 80_000
 #: A wait on the job gives up after this many times its stall limit even while the job moves.
 STALLS_AT_MOST = 4
-#: CPU requests that fit the node's two cores with a job of four workers beside the operator and a second
-#: job (the default requests, a CPU per worker and learner, would leave pods Pending).
-SMALL = {"head.resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-         "rolloutWorkers.resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-         "learner.resources": {"requests": {"cpu": "300m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}}}
+#: The bed's small requests (cluster_bed.SMALL_REQUESTS) as this module's spec changes.
+SMALL = {f"{role}.resources": resources for role, resources in SMALL_REQUESTS.items()}
 #: The operator's liveness probe as the bed sets it (the chart's values), so a hung operator is restarted
 #: within seconds rather than a minute; its 30 s grace period still comes after.
 LIVENESS = {"livenessProbe.periodSeconds": "2", "livenessProbe.timeoutSeconds": "1",
