@@ -1,4 +1,4 @@
-"""Stable-Baselines3 SAC or TD3 on Pendulum-v1 (or `--env InvertedDoublePendulum-v5`, MuJoCo) with
+"""Stable-Baselines3 SAC or TD3 on Pendulum-v1 (or `--env InvertedDoublePendulum-v5` or `Hopper-v5`, MuJoCo) with
 rl-baselines3-zoo's hyperparameters, one thread, then the same greedy evaluation KubeRL runs (seeds
 10000..10019). Runs in bench/.venvs/sb3 (make_peer_venvs.sh).
 
@@ -36,7 +36,9 @@ ZOO_MUJOCO_SAC = {"learning_starts": 10_000}
 ZOO_MUJOCO_TD3 = {"learning_starts": 10_000, "train_freq": 1, "gradient_steps": 1, "learning_rate": 1e-3,
                   "batch_size": 256, "policy_kwargs": {"net_arch": [400, 300]}}
 SETTINGS = {"Pendulum-v1": {"sac": ZOO_SAC, "td3": ZOO_TD3},
-            "InvertedDoublePendulum-v5": {"sac": ZOO_MUJOCO_SAC, "td3": ZOO_MUJOCO_TD3}}
+            "InvertedDoublePendulum-v5": {"sac": ZOO_MUJOCO_SAC, "td3": ZOO_MUJOCO_TD3},
+            # The zoo's Hopper-v4 entry is `*mujoco-defaults` (it has no v5 entry: the same task, newer bindings).
+            "Hopper-v5": {"sac": ZOO_MUJOCO_SAC, "td3": ZOO_MUJOCO_TD3}}
 EVAL_SEEDS = list(range(10_000, 10_020))
 
 

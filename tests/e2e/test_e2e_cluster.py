@@ -389,6 +389,11 @@ def test_policy_groups_from_the_adversary_example_train_to_complete_on_the_clust
     wait_complete(bed, "adversary-ppo-groups", 600)
     progress = learner_figures(bed, "adversary-ppo-groups")["progress"]
     assert progress["envSteps"] >= 6_000 and progress["episodes"] * 25 <= progress["envSteps"], progress
+    assert set(progress["returnsByPolicy"]) == {"adversary", "good"}, progress
+    # kubectl's wide view shows them, through the CRD's printer column as the API server renders it.
+    wide = bed.kubectl("get", "rltj", "-n", NS, "adversary-ppo-groups", "-o", "wide").stdout.splitlines()
+    assert "POLICY-RETURNS" in wide[0].split(), wide
+    assert re.search(r'\{"adversary":-?[0-9.]+,"good":-?[0-9.]+\}', wide[1]), wide
     logs = bed.kubectl("logs", "-n", NS, "adversary-ppo-groups-learner").stdout
     assert re.search(r"evaluation by policy\s*│\s*adversary -?[0-9.]+, good -?[0-9.]+", logs), logs[-3000:]
     delete_and_check_nothing_left(bed, "adversary-ppo-groups")

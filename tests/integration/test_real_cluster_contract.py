@@ -94,6 +94,25 @@ def test_template_labels_and_annotations_survive_pruning(cluster: ClusterNamespa
     assert cluster.get("rltj", JOB)["spec"]["learner"]["template"]["metadata"] == metadata
 
 
+def test_ephemeral_containers_which_no_pod_is_created_with_are_no_template_field(cluster: ClusterNamespace, job_dict):
+    """The API server refuses a pod created with ephemeral containers, so the templates' schema leaves them out
+    (kuberl.api.pod_schema.generate): a template giving them is refused at apply, not at the pod's creation."""
+    from kuberl.api.pod_schema import EPHEMERAL_CONTAINERS
+
+    container = {"name": "debug", "image": "busybox"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "with-ephemeral"},
+           "spec": {"containers": [{"name": "main", "image": "busybox"}], EPHEMERAL_CONTAINERS: [container]}}
+    with pytest.raises(ApiError) as refused:
+        cluster.create(pod, cluster.namespace, dryRun="All")
+    assert refused.value.status == 422 and EPHEMERAL_CONTAINERS in str(refused.value), refused.value
+    job_dict["spec"]["learner"] = {**job_dict["spec"].get("learner", {}),
+                                   "template": {"spec": {EPHEMERAL_CONTAINERS: [container]}}}
+    with pytest.raises(ApiError) as unknown:
+        cluster.create(job_dict, fieldValidation="Strict", dryRun="All")
+    assert unknown.value.status == 400 and f"unknown field \"spec.learner.template.spec.{EPHEMERAL_CONTAINERS}\"" \
+        in str(unknown.value), unknown.value
+
+
 def _objects_of(job_body: dict, namespace: str) -> list[dict]:
     """Every object the operator creates for a job (`builders.every_object`, as `kuberl validate --server`)."""
     job = parse_job({**job_body, "metadata": {**job_body["metadata"], "namespace": namespace}})

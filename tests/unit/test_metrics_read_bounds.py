@@ -155,6 +155,8 @@ def real_learner_metrics() -> LearnerMetrics:
     learner.inc("kuberl_iterations_total", 6)
     learner.set("kuberl_checkpoint_timestamp_seconds", 1_700_000_000)
     learner.set("kuberl_checkpoint_iteration", 6)
+    learner.set_policy_return("adversary", -14.234)
+    learner.set_policy_return("good", 6.3333)
     return learner
 
 
@@ -365,6 +367,7 @@ async def test_a_real_learner_still_reads_exactly_as_before(job):
     assert (p.episodes, p.env_steps, p.gradient_updates, p.iterations) == (321, 45_000, 96, 6)
     assert (p.episodes_per_second, p.env_steps_per_second, p.wall_clock_seconds) == (12.5, 1800.0, 25.0)
     assert p.mean_return == 199.5
+    assert p.returns_by_policy == {"adversary": -14.2, "good": 6.33}
     assert report.last_checkpoint_time.timestamp() == 1_700_000_000
     assert report.last_checkpoint == "ckpt-000000006.pt"
     assert (report.finished, report.evaluation) == (False, None)
@@ -415,7 +418,8 @@ async def test_parsing_a_body_near_the_cap_leaves_the_event_loop_free(job, learn
 
 #: Every sample the report reads, by the name in the text.
 READ_SAMPLES = (*job_status.PROGRESS_METRICS, job_status.CHECKPOINT_METRIC, "kuberl_checkpoint_iteration",
-                "kuberl_job_finished", "kuberl_evaluation_return_mean", "kuberl_evaluation_win_rate")
+                "kuberl_job_finished", "kuberl_evaluation_return_mean", "kuberl_evaluation_win_rate",
+                job_status.POLICY_RETURN_METRIC)
 
 
 def with_value(text: str, name: str, value: str | None) -> str:
@@ -502,3 +506,21 @@ def test_a_learner_cannot_grow_the_status_with_evaluation_suites():
     report = parse_learner_metrics("\n".join(lines) + "\n")
     suites = [name for name in report.evaluation if name != "deterministic"]
     assert len(suites) == MAX_SUITES == 32 and all(len(name) <= 63 for name in suites)
+
+
+def test_a_learner_cannot_grow_the_status_with_policy_returns(job):
+    """Returns by policy group: only names a spec's groups can have, no more groups than a spec can give, the
+    first value of each; a name that could not be a group's (a quote, capitals, past 31 characters) never
+    reaches the status."""
+    from kuberl.api.job import MAX_POLICY_GROUPS
+
+    lines = ["kuberl_episodes_total 10", 'kuberl_policy_episode_return_mean{policy="Bad"} 1',
+             f'kuberl_policy_episode_return_mean{{policy="{"x" * 32}"}} 1',
+             'kuberl_policy_episode_return_mean{policy="a\\"b"} 1', 'kuberl_policy_episode_return_mean 1']
+    lines += [f'kuberl_policy_episode_return_mean{{policy="p{i}"}} 10{i}.26' for i in range(1000)]
+    lines += ['kuberl_policy_episode_return_mean{policy="p0"} 99']
+    report = job_status.parse_learner_metrics("\n".join(lines) + "\n")
+    expected = {f"p{i}": 100.3 + i for i in range(MAX_POLICY_GROUPS)}  # to 0.1, as kubectl get shows it
+    assert report.progress.returns_by_policy == pytest.approx(expected, abs=1e-9)
+    assert_storable(job, report)
+    assert job_status.dump(applied(job, report))["progress"]["returnsByPolicy"] == report.progress.returns_by_policy

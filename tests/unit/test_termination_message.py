@@ -49,6 +49,30 @@ def test_the_final_metrics_fit_a_termination_message_and_parse_as_a_scrape(tmp_p
     assert report.stopped_by == StopReason.MAX_ENV_STEPS
 
 
+def test_a_finished_learner_of_eight_groups_with_the_longest_names_leaves_every_groups_return(tmp_path, monkeypatch):
+    """Policy groups' returns reach a finished job's status through the termination message too: eight groups
+    (the most a spec gives) with 31-character names, beside a long job name, namespace and env id."""
+    from kuberl.api.job import MAX_POLICY_GROUPS
+
+    job, namespace = "j" * 40, "n" * 63
+    metrics = LearnerMetrics(JobLabels(job, namespace, "PPO", "mpe2.simple_adversary_v3:parallel_env"))
+    metrics.inc("kuberl_episodes_total", 1_000)
+    metrics.inc("kuberl_env_steps_total", 300_000)
+    metrics.set("kuberl_episode_return_mean", -3.25)
+    groups = {f"{chr(ord('a') + i)}{'x' * 30}": -10.0 * i - 10.04 for i in range(MAX_POLICY_GROUPS)}
+    for name, value in groups.items():
+        metrics.set_policy_return(name, value)
+    metrics.set("kuberl_evaluation_return_mean", -2.5)
+    metrics.set("kuberl_job_finished", 1)
+    metrics.set_stopped_by("max_env_steps")
+    path = tmp_path / "termination-log"
+    monkeypatch.setenv("KUBERL_TERMINATION_MESSAGE_PATH", str(path))
+    metrics.write_termination_message()
+    report = parse_learner_metrics(path.read_text(), job_name=job)
+    assert report.finished and report.stopped_by == StopReason.MAX_ENV_STEPS
+    assert report.progress.returns_by_policy == pytest.approx({name: round(v, 1) for name, v in groups.items()})
+
+
 def test_why_training_stopped_is_a_reason_kuberl_knows_or_none():
     line = 'kuberl_stopped_by{{job_name="ttt",namespace="ml",algorithm="DQN",environment="e",reason="{}"}} {}\n'
     base = "kuberl_episodes_total 1\nkuberl_job_finished 1\n"
@@ -71,6 +95,11 @@ def test_a_finished_jobs_summary_says_which_rule_stopped_it():
     assert summary(status) == ("training finished (reached stopping.targetReturn): 310 episodes, 67584 env steps, "
                                "mean return 476.2")
     assert summary(RLTrainingJobStatus(phase="Succeeded")).startswith("training finished: 0 episodes")
+    groups = RLTrainingJobStatus(phase="Succeeded", progress={
+        "episodes": 12_000, "envSteps": 300_000, "meanReturn": -3.25,
+        "returnsByPolicy": {"adversary": -14.2, "good": 6.33}})
+    assert summary(groups) == ("training finished: 12000 episodes, 300000 env steps, mean return -3.25, by policy: "
+                               "adversary -14.2, good 6.33")
 
 
 def test_the_time_to_first_step_counts_from_this_process_start():

@@ -24,6 +24,8 @@ PRINTER_COLUMNS = [
      "description": "Recent episode rate."},
     {"name": "Return", "type": "number", "jsonPath": ".status.progress.meanReturn",
      "description": "Mean return over the stopping window."},
+    {"name": "Policy-Returns", "type": "string", "jsonPath": ".status.progress.returnsByPolicy", "priority": 1,
+     "description": "Each policy group's mean return."},
     {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm.name", "priority": 1,
      "description": "Algorithm."},
     {"name": "Env", "type": "string", "jsonPath": ".spec.environment.id", "priority": 1, "description": "Environment."},

@@ -543,9 +543,13 @@ class AgentPolicies(str, enum.Enum):
 _GROUP_NAME = re.compile(r"[a-z][a-z0-9_-]{0,30}")
 
 
+def is_group_name(name: str) -> bool:
+    return _GROUP_NAME.fullmatch(name) is not None
+
+
 def _check_group_name(name: str) -> str:
     # Checked here, not in the CRD: the API server takes no pattern on a map's keys (patternProperties).
-    if not _GROUP_NAME.fullmatch(name):
+    if not is_group_name(name):
         raise ValueError(f"group name {name[:80]!r} is not valid: a lowercase letter, then at most 30 lowercase "
                          "letters, digits, '_' or '-' (it names the group's metrics and TensorBoard tags)")
     return name
@@ -553,6 +557,8 @@ def _check_group_name(name: str) -> str:
 
 #: A policy group's name (a metric label and a TensorBoard tag).
 GroupName = Annotated[str, AfterValidator(_check_group_name)]
+#: The most policy groups a job may have (environment.multiAgent.groups).
+MAX_POLICY_GROUPS = 8
 #: A PettingZoo agent's name, as the env's possible_agents lists it.
 AgentName = Annotated[str, Field(min_length=1, max_length=63)]
 
@@ -591,7 +597,7 @@ class MultiAgentSpec(_Model):
         "policy per group of agents.")
     self_play: SelfPlaySpec | None = Field(default=None, description="The opponents of policies: selfPlay.")
     groups: dict[GroupName, Annotated[list[AgentName], Field(min_length=1, max_length=64)]] | None = Field(
-        default=None, min_length=2, max_length=8,
+        default=None, min_length=2, max_length=MAX_POLICY_GROUPS,
         description="Group name -> its agents (policies: groups).")
     agent_id_in_observation: bool = Field(
         default=False,
@@ -1086,6 +1092,9 @@ class Progress(_Model):
     episodes_per_second: float = Field(default=0.0, ge=0, description="Recent episode rate.")
     env_steps_per_second: float = Field(default=0.0, ge=0, description="Recent env-step rate.")
     mean_return: float | None = Field(default=None, description="Mean return over the stopping window.")
+    returns_by_policy: dict[GroupName, float] | None = Field(
+        default=None, max_length=MAX_POLICY_GROUPS,
+        description="Each policy group's mean return in the learner's last iteration (multiAgent.groups).")
     wall_clock_seconds: float = Field(default=0.0, ge=0, description="Training time so far.")
     gradient_updates: int = Field(default=0, ge=0, description="Gradient updates applied.")
     iterations: int = Field(default=0, ge=0, description="Learner iterations.")

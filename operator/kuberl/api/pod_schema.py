@@ -28,6 +28,8 @@ METADATA_FIELDS = ("labels", "annotations")
 #: carries four templates and must stay under the 256 KiB that kubectl's client-side apply can annotate
 #: (tests/unit/test_pod_templates.py measures it; Kubernetes' full descriptions would make it ~1 MiB).
 DESCRIPTION_DEPTH = 2
+#: The pod spec's field a template may not have (see generate()).
+EPHEMERAL_CONTAINERS = "ephemeralContainers"
 _INT_OR_STRING = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True}
 _KEPT = ("description", "type", "format", "enum", "required")
 
@@ -45,6 +47,11 @@ def generate() -> dict[str, Any]:
     meta["properties"] = {k: meta["properties"][k] for k in METADATA_FIELDS}
     meta["description"] = "Labels and annotations added to the pod's (the kuberl.dev/* labels are the operator's)."
     template["properties"]["spec"].pop("required", None)  # a template may give only tolerations
+    # The API server refuses a pod created with ephemeral containers (they are added to a running pod through
+    # its ephemeralcontainers subresource): a template giving them could only fail at the pod's creation, so it
+    # fails at kubectl apply instead, as an unknown field. Four templates' worth of its schema is also 36 KB
+    # of the CRD, whose room under client-side apply's limit the status needs.
+    template["properties"]["spec"]["properties"].pop(EPHEMERAL_CONTAINERS)
     return template
 
 

@@ -84,4 +84,6 @@ def summary(status: RLTrainingJobStatus) -> str:
     text = f"training finished{why}: {progress.episodes} episodes, {progress.env_steps} env steps"
     if progress.mean_return is not None:
         text += f", mean return {progress.mean_return:.4g}"
+    if progress.returns_by_policy:
+        text += ", by policy: " + ", ".join(f"{name} {value:.4g}" for name, value in progress.returns_by_policy.items())
     return text

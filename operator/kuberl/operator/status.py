@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kuberl.api.job import Condition, EvaluationSpec, Progress, RLTrainingJobStatus, StopReason
+from kuberl.api.job import (
+    MAX_POLICY_GROUPS,
+    Condition,
+    EvaluationSpec,
+    Progress,
+    RLTrainingJobStatus,
+    StopReason,
+    is_group_name,
+)
 
 #: Condition types, all present once a job has been reconciled (status "True" or "False").
 RUNNING = "Running"
@@ -89,6 +97,8 @@ PROGRESS_METRICS = (
     "kuberl_env_steps_per_second", "kuberl_episode_return_mean", "kuberl_training_wall_clock_seconds",
     "kuberl_gradient_updates_total", "kuberl_iterations_total",
 )
+#: Each policy group's mean return, labelled by policy (kuberl.trainer.metrics).
+POLICY_RETURN_METRIC = "kuberl_policy_episode_return_mean"
 CHECKPOINT_METRIC = "kuberl_checkpoint_timestamp_seconds"
 FIRST_STEP_METRIC = "kuberl_first_step_timestamp_seconds"
 #: What one checkpoint took: to disk, then to the object store (spec.checkpointing.s3).
@@ -159,7 +169,7 @@ def _readable_fraction(value: float) -> float:
     return round(value, 3)
 
 
-def _progress(samples: dict[str, float]) -> Progress:
+def _progress(samples: dict[str, float], policy_returns: dict[str, float]) -> Progress:
     """Progress, field by field, from its (finite) metrics; a missing sample reads as the field's default.
     Rates and returns are rounded for `kubectl get` (the learner's metrics and files keep them whole), which
     also spares the status a write for a change in the fifteenth digit."""
@@ -177,6 +187,8 @@ def _progress(samples: dict[str, float]) -> Progress:
         episodes_per_second=rate("kuberl_episodes_per_second"),
         env_steps_per_second=rate("kuberl_env_steps_per_second"),
         mean_return=None if mean_return is None else _readable_return(mean_return),
+        returns_by_policy={name: _readable_return(value) for name, value in sorted(policy_returns.items())}
+        if policy_returns else None,
         wall_clock_seconds=rate("kuberl_training_wall_clock_seconds"),
         gradient_updates=count("kuberl_gradient_updates_total"),
         iterations=count("kuberl_iterations_total"),
@@ -205,16 +217,24 @@ class LearnerReport:
         self.first_step_time = first_step_time
 
 
-def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], dict[str, float], StopReason | None]:
-    """The first finite value of each sample name (job_name's, or unlabelled), win rates by suite, and why
-    training stopped (a reason KubeRL knows, else none). A sample that is NaN, infinite or past float's
-    range is skipped, as if the learner had not sent it."""
+class _Samples(NamedTuple):
+    values: dict[str, float]
+    win_rates: dict[str, float]
+    policy_returns: dict[str, float]
+    stopped_by: StopReason | None
+
+
+def _read_samples(text: str, job_name: str | None) -> _Samples:
+    """The first finite value of each sample name (job_name's, or unlabelled), win rates by suite, returns by
+    policy group, and why training stopped (a reason KubeRL knows, else none). A sample that is NaN, infinite
+    or past float's range is skipped, as if the learner had not sent it."""
     for number, line in enumerate(text.split("\n"), start=1):
         if len(line) > MAX_METRICS_LINE_CHARS:
             raise ValueError(f"line {number} of the metrics is {len(line)} characters long; the most read is "
                              f"{MAX_METRICS_LINE_CHARS} (a learner's longest is under 600)")
     samples: dict[str, float] = {}
     win_rates: dict[str, float] = {}
+    policy_returns: dict[str, float] = {}
     stopped_by: StopReason | None = None
     try:
         for family in text_string_to_metric_families(text):
@@ -231,6 +251,13 @@ def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], di
                     if len(suite) <= MAX_SUITE_NAME and (suite in win_rates or len(win_rates) < MAX_SUITES):
                         win_rates[suite] = value
                     continue
+                if sample.name == POLICY_RETURN_METRIC:
+                    # Only names a spec's groups can have, and no more of them than a spec can give.
+                    policy = sample.labels.get("policy", "")
+                    if is_group_name(policy) and (policy in policy_returns
+                                                   or len(policy_returns) < MAX_POLICY_GROUPS):
+                        policy_returns.setdefault(policy, value)
+                    continue
                 if sample.name == "kuberl_stopped_by":
                     if value >= 1.0 and stopped_by is None and sample.labels.get("reason") in STOP_REASONS:
                         stopped_by = StopReason(sample.labels["reason"])
@@ -238,7 +265,7 @@ def _read_samples(text: str, job_name: str | None) -> tuple[dict[str, float], di
                 samples.setdefault(sample.name, value)
     except OverflowError as err:  # a sample timestamp past float's range
         raise ValueError(f"the metrics are not Prometheus text format: {err}") from None
-    return samples, win_rates, stopped_by
+    return _Samples(samples, win_rates, policy_returns, stopped_by)
 
 
 def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerReport:
@@ -248,7 +275,7 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
     (a wrong URL answering 200 must not zero a job's progress). The text may be hostile (the learner pod
     is the tenant's): no NaN, infinity or number the API server cannot store reaches the report.
     """
-    samples, win_rates, stopped_by = _read_samples(text, job_name)
+    samples, win_rates, policy_returns, stopped_by = _read_samples(text, job_name)
     if not any(name in samples for name in PROGRESS_METRICS):
         raise ValueError("no kuberl_* progress metrics in the response")
     checkpoint_time = _timestamp(samples.get(CHECKPOINT_METRIC))
@@ -264,7 +291,7 @@ def parse_learner_metrics(text: str, job_name: str | None = None) -> LearnerRepo
             evaluation[suite] = {"winRate": _readable_fraction(rate)}
     first_step = samples.get(FIRST_STEP_METRIC)
     reachable = samples.get("kuberl_tracker_reachable")
-    return LearnerReport(_progress(samples), checkpoint_time, finished, last_checkpoint, evaluation,
+    return LearnerReport(_progress(samples, policy_returns), checkpoint_time, finished, last_checkpoint, evaluation,
                          first_step if first_step is not None and first_step > 0 else None,
                          None if reachable is None else reachable >= 1.0, stopped_by if finished else None,
                          _checkpoint_seconds(samples))

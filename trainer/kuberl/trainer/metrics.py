@@ -147,17 +147,25 @@ class LearnerMetrics:
         return server.server_address[1]
 
     def samples_text(self, limit: int = 4096) -> str:
-        """The metrics as exposition sample lines (no HELP/TYPE), cut at a whole line within `limit` bytes."""
-        from prometheus_client import generate_latest
+        """The metrics as exposition sample lines (no HELP/TYPE), cut at a whole line within `limit` bytes.
+        The job's own labels (LABELS) are left out: the pod is the job's, and the operator reads an unlabelled
+        sample as its job's. With them, a job's long name, namespace and env id repeated on every line pushed
+        the last samples (kuberl_job_finished among them) past Kubernetes' 4096 bytes."""
+        from prometheus_client.utils import floatToGoString
 
-        lines = [line for line in generate_latest(self.registry).decode().splitlines()
-                 if line and not line.startswith("#") and not line.split("{")[0].split(" ")[0].endswith("_created")]
         out, size = [], 0
-        for line in lines:
-            if size + len(line) + 1 > limit:
-                break
-            out.append(line)
-            size += len(line) + 1
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                own = ",".join(f'{key}="{_escaped(value)}"' for key, value in sample.labels.items()
+                               if key not in LABELS)
+                line = f"{sample.name}{{{own}}} {floatToGoString(sample.value)}" if own else \
+                    f"{sample.name} {floatToGoString(sample.value)}"
+                if size + len(line.encode()) + 1 > limit:
+                    return "\n".join(out) + "\n"
+                out.append(line)
+                size += len(line.encode()) + 1
         return "\n".join(out) + "\n"
 
     def write_termination_message(self) -> None:
@@ -170,6 +178,11 @@ class LearnerMetrics:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+
+
+def _escaped(value: str) -> str:
+    """A label value as the exposition format writes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 _IMPORTED_AT = time.time()
