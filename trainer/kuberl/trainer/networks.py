@@ -169,6 +169,10 @@ class TwinQ(nn.Module):
         x = torch.cat([obs, actions], dim=1)
         return self.q1(x).squeeze(1), self.q2(x).squeeze(1)
 
+    def first(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Q_1 alone: what TD3's actor climbs (computing Q_2 there too was a critic's forward pass wasted)."""
+        return self.q1(torch.cat([obs, actions], dim=1)).squeeze(1)
+
 
 class SquashedGaussianActor(nn.Module):
     """SAC's actor: a Gaussian over pre-tanh actions, tanh-squashed and scaled onto the Box."""

@@ -54,8 +54,7 @@ class TD3(ContinuousActorCritic):
         self.gradient_updates += 1
         if self.gradient_updates % cfg.policy_delay == 0:
             self.critic.requires_grad_(False)  # the actor's loss moves the actor only
-            q1, _ = self.critic(batch["obs"], self.actor(batch["obs"]))
-            actor_loss = -q1.mean()
+            actor_loss = -self.critic.first(batch["obs"], self.actor(batch["obs"])).mean()
             self.actor_step(self.actor_optimizer, self.actor, actor_loss)
             self.critic.requires_grad_(True)
             self.soft_update(self.actor_target, self.actor, cfg.tau)
