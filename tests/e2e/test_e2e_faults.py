@@ -494,13 +494,18 @@ def sigterm_handovers(logs: list[tuple[str, str]]) -> tuple[list[str], int]:
                 broken.append(f"{name} resumed from {resumed.group(1) if resumed else 'nothing'}, and {owed[0]} "
                               f"left its SIGTERM checkpoint in {owed[1]}")
             owed = None
-        if "SIGTERM received" in text:
+        if "SIGTERM received: checkpointing and stopping" in text:
             saved = re.search(r"stopped by SIGTERM: iteration \d+ is in (ckpt-\d+\.pt)", text)
             if saved is None:
                 broken.append(f"{name} got SIGTERM and did not say it checkpointed (killed within its grace period?)")
             else:
                 owed = (name, saved.group(1))
         elif "training stopped:" not in text and (resumed or fresh):
+            # SIGTERM while Ray was still starting reaches Ray's own C++ handler ("*** SIGTERM received at
+            # time=..."), which ends the process: the learner's handler goes in once ray.init has returned, as
+            # ray.init would replace it. Nothing is lost only if the run had not trained an iteration yet.
+            if "*** SIGTERM received at" in text and re.search(r"kuberl\.trainer: iteration \d+:", text):
+                broken.append(f"{name} trained and was then ended by Ray's SIGTERM handler, not the learner's")
             ended_otherwise += 1
     return broken, ended_otherwise
 
