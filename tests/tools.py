@@ -222,7 +222,13 @@ class MLflowServer:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                # A server hung under load (its worker stuck on a request) can outlive SIGTERM's grace;
+                # the test is over, so the group goes with SIGKILL rather than failing the teardown.
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(30)
 
     def query(self, script: str, **values: Any) -> Any:
         """Runs `script` with MLflow's client bound to this server as `client` and `values` as globals;

@@ -85,7 +85,12 @@ class NodeContainers:
         return json.loads(self._ctr("containers", "info", found.id, timeout=30).stdout)["Spec"]
 
     def kill(self, container_id: str, signal: str = "SIGKILL") -> None:
-        self._ctr("tasks", "kill", "--signal", signal, container_id, timeout=30)
+        try:
+            self._ctr("tasks", "kill", "--signal", signal, container_id, timeout=30)
+        except subprocess.CalledProcessError as err:
+            # ctr's own reason (a task already gone, one not yet started), which the bare exit status hides.
+            raise AssertionError(f"ctr could not send {signal} to {container_id}: "
+                                 f"{(err.stderr or err.stdout or '').strip()[-2000:]}") from None
 
     def pid(self, container_id: str) -> int:
         """The host pid of the container's first process."""
