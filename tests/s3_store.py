@@ -14,14 +14,12 @@ apiece), so tests share one bucket, `BUCKET`, each under its own prefix.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
 import subprocess
 import time
 from pathlib import Path
 
-from bed.common import free_port
+from bed.common import free_port, stop_process
 from tools import REPO, tool_missing
 
 from kuberl.trainer.object_store import Credentials, ObjectStoreError, S3Client
@@ -100,15 +98,10 @@ class SeaweedFS:
         return True
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                # Its filer flushes metadata logs to volumes that stop first, and retries for half a minute:
-                # a test's store has nothing to keep past the test.
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        # Its filer flushes metadata logs to volumes that stop first, and retries for half a minute: a test's
+        # store has nothing to keep past the test, so SIGKILL follows SIGTERM after 5 s.
+        if self.proc is not None:
+            stop_process(self.proc, 5, group=True)
 
     def client(self, bucket: str = BUCKET, credentials: Credentials | None = None) -> S3Client:
         return S3Client(bucket, credentials or self.credentials, self.endpoint)

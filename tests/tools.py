@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 import yaml
-from bed.common import free_port, http_ok
+from bed.common import free_port, http_ok, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 #: The scripts' cache ($KUBERL_CACHE, else ~/.cache/kuberl): outside the clone, so a fresh clone (CI's) reuses
@@ -220,15 +220,10 @@ class MLflowServer:
                 "MLFLOW_TRACKING_USERNAME": self.ADMIN, "MLFLOW_TRACKING_PASSWORD": self.admin_password}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                # A server hung under load (its worker stuck on a request) can outlive SIGTERM's grace;
-                # the test is over, so the group goes with SIGKILL rather than failing the teardown.
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(30)
+        # A server hung under load (its worker stuck on a request) can outlive SIGTERM's 30 s; the test is
+        # over, so its group then goes with SIGKILL rather than failing the teardown.
+        if self.proc is not None:
+            stop_process(self.proc, 30, group=True)
 
     def query(self, script: str, **values: Any) -> Any:
         """Runs `script` with MLflow's client bound to this server as `client` and `values` as globals;

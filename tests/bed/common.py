@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import os
 import re
 import signal
 import socket
@@ -129,15 +130,23 @@ def start_process(argv: Sequence[str | Path], log: Path, *, cwd: Path | None = N
                                 preexec_fn=die_with_parent)
 
 
-def stop_process(process: subprocess.Popen[Any], timeout: float = 20) -> None:
-    """SIGTERM, SIGKILL when it has not exited after `timeout` s; returns once it has."""
+def stop_process(process: subprocess.Popen[Any], timeout: float = 20, group: bool = False) -> None:
+    """SIGTERM, SIGKILL when it has not exited after `timeout` s; returns once it has. `group`: both go to
+    its process group (one started with `start_new_session`), so the children it forked stop with it."""
     if process.poll() is not None:
         return
-    process.terminate()
+
+    def send(sig: int) -> None:
+        if group:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+
+    send(signal.SIGTERM)
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:
-        process.kill()
+        send(signal.SIGKILL)
         process.wait(10)
 
 
